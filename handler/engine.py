@@ -1,0 +1,61 @@
+"""The small interface the handler needs from a scoring engine (runtime.engine.Engine implements it)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreResult:
+    logprobs: np.ndarray  # [n_sequences, n_labels] float32: log P(label | sequence) over the full vocabulary
+    queue_seconds: float  # submitted -> picked up by the device thread
+    device_seconds: float  # time of the device batch(es) that computed it
+
+
+class EngineError(Exception):
+    """Base of the errors an engine raises for a submitted request."""
+
+
+class QueueFull(EngineError):
+    """The bounded queue in front of the device is full (-> 429)."""
+
+
+class DeadlineExceeded(EngineError):
+    """The request waited longer than its deadline and was dropped without being computed (-> 503)."""
+
+
+class EngineFault(EngineError):
+    """The device batch holding this request failed or produced non-finite values (-> 500)."""
+
+
+class ScoringEngine(Protocol):
+    model_id: str
+    vocab_size: int  # logit dimension: valid token IDs are 0 .. vocab_size - 1
+    max_sequence_length: int  # largest length bucket
+
+    @property
+    def ready(self) -> bool:
+        """True once every bucket is compiled and the device thread runs."""
+
+    def start(self) -> None:
+        """Load weights, compile every bucket, start the device thread (blocking; call off the event loop)."""
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def submit(self, sequences: list[list[int]], label_ids: list[int],
+               deadline: float | None = None) -> concurrent.futures.Future[ScoreResult]:
+        """Queue sequences for scoring; raises QueueFull at once when the queue is full.
+
+        `deadline` is a time.monotonic() value after which the work is dropped (DeadlineExceeded).
+        Every sequence is non-empty and no longer than max_sequence_length; every ID is in range.
+        """
+
+    def stats(self) -> dict[str, float]:
+        """Counters for /metrics: compiles, queue_depth, device_batches, device_batch_sequences."""
+
+    def stop(self, grace_seconds: float) -> None:
+        """Stop taking work, finish what is queued within the grace period, stop the device thread."""

@@ -1,0 +1,73 @@
+"""The finite set of padded shapes the runtime compiles, and how work is fitted into them."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+
+
+class SequenceTooLong(ValueError):
+    """A sequence is longer than the largest length bucket (inputs are never truncated)."""
+
+    def __init__(self, length: int, limit: int):
+        super().__init__(f"sequence of {length} tokens exceeds the longest supported length of {limit} tokens")
+        self.length = length
+        self.limit = limit
+
+
+def fit(buckets: tuple[int, ...], size: int) -> int:
+    """The smallest bucket >= size (buckets sorted ascending); raise ValueError when none is."""
+    index = bisect.bisect_left(buckets, size)
+    if index == len(buckets):
+        raise ValueError(f"{size} exceeds the largest bucket {buckets[-1]}")
+    return buckets[index]
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPlan:
+    lengths: tuple[int, ...]  # full-sequence lengths (and shared-prefix context lengths)
+    batches: tuple[int, ...]
+    max_tokens: int  # a (batch, length) bucket holds at most this many tokens (batch 1 always exists)
+    labels: tuple[int, ...]  # label-count buckets of the vocabulary head
+    suffix_lengths: tuple[int, ...]  # item lengths after a shared prefix
+    suffix_batches: tuple[int, ...]
+    prefix_sharing: bool
+
+    @property
+    def max_length(self) -> int:
+        return self.lengths[-1]
+
+    @property
+    def max_labels(self) -> int:
+        return self.labels[-1]
+
+    def batch_for(self, length_bucket: int) -> int:
+        """Largest batch bucket that fits `max_tokens` at this length (at least the smallest one)."""
+        fitting = [b for b in self.batches if b * length_bucket <= self.max_tokens]
+        return fitting[-1] if fitting else self.batches[0]
+
+    def full(self) -> list[tuple[int, int]]:
+        """(batch, length) buckets of whole-sequence scoring."""
+        return [(b, t) for t in self.lengths for b in self.batches if b <= self.batch_for(t)]
+
+    def contexts(self) -> list[int]:
+        return list(self.lengths) if self.prefix_sharing else []
+
+    def continuations(self) -> list[tuple[int, int, int]]:
+        """(context, batch, length) buckets of scoring after a shared prefix."""
+        if not self.prefix_sharing:
+            return []
+        return [(c, b, s) for c in self.lengths for b in self.suffix_batches for s in self.suffix_lengths]
+
+    def heads(self) -> list[tuple[int, int]]:
+        """(batch, labels) buckets of the vocabulary head."""
+        batches = sorted(set(self.batches) | set(self.suffix_batches if self.prefix_sharing else ()))
+        return [(b, n) for b in batches for n in self.labels]
+
+    def count(self) -> int:
+        return len(self.full()) + len(self.contexts()) + len(self.continuations()) + len(self.heads())
+
+
+def label_buckets(max_labels: int) -> tuple[int, ...]:
+    buckets = [n for n in (4, 16, 64, 256, 1024, 4096) if n < max_labels]
+    return tuple(buckets + [max_labels])

@@ -1,0 +1,147 @@
+"""`scorefn` command line: serve, score, warmup, prepare, bench, settings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+from runtime.settings import SETTINGS, load_settings
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=os.environ.get("SCOREFN_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "Unable to initialize backend 'tpu'"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Replace this process with granian serving the ASGI app (signals then reach granian directly)."""
+    settings = load_settings()
+    argv = [sys.executable, "-m", "granian", "--interface", args.interface, "--host", settings.host,
+            "--port", str(settings.port), "--workers", "1", "--no-ws",
+            "--workers-kill-timeout", str(int(settings.drain_grace_s) + 5),
+            "handler.asgi:app" if args.interface == "asgi" else "handler.wsgi:application"]
+    os.execv(sys.executable, argv)
+    return 1  # not reached
+
+
+def _one_shot_scorer(settings):
+    """A scorer that compiles only the buckets a single CLI run touches."""
+    from runtime.engine import bucket_plan
+    from runtime.executables import enable_persistent_cache
+    from runtime.loader import load_model, load_tokenizer
+    from runtime.model import Llama
+    from runtime.scorer import Scorer
+
+    enable_persistent_cache(settings.xla_cache_dir)
+    loaded = load_model(settings.model, settings.cache_dir, settings.model_id)
+    model = Llama(loaded.cfg, loaded.arrays, settings.dtype)
+    return Scorer(model, bucket_plan(settings), lazy=True), load_tokenizer(loaded.model_dir)
+
+
+def _single_token(tokenizer, text: str) -> int:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        raise SystemExit(f"label {text!r} is {len(ids)} tokens {ids}, not one; pick a single-token label")
+    return ids[0]
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    settings = load_settings(**({"model": args.model} if args.model else {}),
+                             **({"dtype": args.dtype} if args.dtype else {}))
+    scorer, tokenizer = _one_shot_scorer(settings)
+    labels = list(args.label_token_ids or []) + [_single_token(tokenizer, text) for text in args.labels or []]
+    if not labels:
+        raise SystemExit("give --label-token-ids and/or --labels")
+    items = args.items if args.items is not None else [""]
+    texts = [item + args.query if args.item_first else args.query + item for item in items]
+    sequences = [tokenizer.encode(text) for text in texts]
+    logprobs = scorer.score(sequences, labels).astype(float)
+    if args.apply_softmax:
+        from scipy.special import softmax
+        logprobs = softmax(logprobs, axis=1)
+    print(json.dumps({"scores": logprobs.tolist(), "label_token_ids": labels}))
+    return 0
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    """Compile every bucket into the persistent cache (a container build step) and report timings."""
+    from runtime.engine import Engine
+
+    started = time.perf_counter()
+    engine = Engine(load_settings())
+    engine.start()
+    engine.stop(0)
+    print(json.dumps({**engine.timings, "total_s": time.perf_counter() - started,
+                      "cache_dir": engine.settings.xla_cache_dir}))
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    """Convert the configured (default: embedded) model into the cache directory once."""
+    from runtime.loader import resolve_model_dir
+
+    settings = load_settings()
+    model_dir, model_id = resolve_model_dir(settings.model, settings.cache_dir)
+    print(json.dumps({"model_id": settings.model_id or model_id, "model_dir": str(model_dir)}))
+    return 0
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    for setting in SETTINGS:
+        print(f"{setting.env:34} {setting.default!r:34} {setting.help}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from runtime.bench import main as bench_main
+
+    return bench_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scorefn", description="Prefill-only LLM scoring in JAX.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the HTTP API with granian on $PORT")
+    serve.add_argument("--interface", choices=("asgi", "wsgi"), default="asgi")
+    serve.set_defaults(func=cmd_serve)
+
+    score = sub.add_parser("score", help="score items from the command line and print JSON")
+    score.add_argument("--query", required=True)
+    score.add_argument("--items", nargs="*", help="items appended to the query (default: one empty item)")
+    score.add_argument("--label-token-ids", nargs="*", type=int)
+    score.add_argument("--labels", nargs="*", help="label texts, each of which must be one token")
+    score.add_argument("--item-first", action="store_true")
+    score.add_argument("--apply-softmax", action="store_true")
+    score.add_argument("--model", help="model directory or .gguf (default: SCOREFN_MODEL or the embedded model)")
+    score.add_argument("--dtype", choices=("float32", "bfloat16"))
+    score.set_defaults(func=cmd_score)
+
+    sub.add_parser("warmup", help="compile every bucket into the persistent cache and exit").set_defaults(
+        func=cmd_warmup)
+    sub.add_parser("prepare", help="convert the model into the cache directory and exit").set_defaults(
+        func=cmd_prepare)
+    sub.add_parser("settings", help="list every setting with its default").set_defaults(func=cmd_settings)
+
+    bench = sub.add_parser("bench", help="benchmark against transformers (PyTorch) on this machine")
+    bench.add_argument("--quick", action="store_true", help="a run under two minutes")
+    bench.add_argument("--model-config", help="config.json of a model to benchmark with random weights")
+    bench.add_argument("--skip-http", action="store_true", help="skip W3 (concurrent HTTP clients)")
+    bench.add_argument("--skip-torch", action="store_true", help="skip the transformers baseline")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    _configure_logging()
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

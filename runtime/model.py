@@ -1,0 +1,183 @@
+"""The Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) as one Flax NNX module, prefill only.
+
+Layers are stacked along a leading axis and run with `lax.scan`: one compiled layer body whatever the
+depth, so every shape bucket compiles in a fraction of the time an unrolled model takes.
+Weight matmuls take `dtype` inputs (float32 or bfloat16) and accumulate in float32; attention, norms,
+softmax, log-softmax, the residual stream and the embedding/vocabulary head stay in float32 (measured:
+bfloat16 attention moved the embedded model's log-probs by up to 0.06, float32 attention keeps them
+within 0.04 of the float32 reference).
+
+Shapes: B batch, T query tokens, S key tokens, C context (shared-prefix) tokens, D hidden,
+H heads, K KV heads, G = H // K, E head dim, F MLP hidden, V vocabulary, L labels.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from runtime.config import ModelConfig
+
+F32 = jnp.float32
+NEG_INF = -1e30  # finite: a fully masked row (a padded query) must not produce NaN
+
+
+def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
+    """x [..., I] @ w [I, O] in w's dtype, accumulated and returned in float32."""
+    y = jnp.einsum("...i,io->...o", x.astype(w.dtype), w, preferred_element_type=F32)
+    return y if b is None else y + b.astype(F32)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    x = x.astype(F32)
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * weight.astype(F32)
+
+
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotary embedding in the Hugging Face (rotate-half) layout; x [B, T, N, E], cos/sin [B, T, E]."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+
+
+def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
+    freqs = positions.astype(F32)[..., None] * inv_freq  # [B, T, E/2]
+    angles = jnp.concatenate([freqs, freqs], axis=-1)  # [B, T, E]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def causal_mask(q_pos: jax.Array, k_pos: jax.Array, window: int | None) -> jax.Array:
+    """[..., T, S] True where query position may attend key position."""
+    allowed = k_pos[..., None, :] <= q_pos[..., :, None]
+    if window is not None:
+        allowed &= k_pos[..., None, :] > q_pos[..., :, None] - window
+    return allowed
+
+
+class Llama(nnx.Module):
+    """Weights are given as a dict of NumPy arrays in this module's layout (see runtime.weights)."""
+
+    def __init__(self, cfg: ModelConfig, arrays: dict[str, np.ndarray], dtype: str = "float32"):
+        self.cfg = cfg
+        self.dtype = jnp.dtype(dtype)
+        norms = {"attn_norm", "mlp_norm", "q_norm", "k_norm", "final_norm"}
+
+        def param(name: str) -> nnx.Param:
+            # The embedding/vocabulary head stays float32: it runs only at scored positions (cheap) and
+            # bfloat16 rounding there moves log-probs by more than the body's bfloat16 matmuls do.
+            base = name.removeprefix("layers.")
+            exact = base in norms or base.startswith("b") or base in ("embed", "lm_head", "score_head")
+            kept = F32 if exact else self.dtype
+            return nnx.Param(jnp.asarray(arrays[name], dtype=kept))
+
+        self.embed = param("embed")  # [V, D]
+        self.final_norm = param("final_norm")  # [D]
+        self.lm_head = param("lm_head") if "lm_head" in arrays else None  # [V, D], None when tied
+        self.score_head = param("score_head") if "score_head" in arrays else None  # [labels, D]
+        layer_names = sorted(n for n in arrays if n.startswith("layers."))
+        self.layers = nnx.Dict({n.removeprefix("layers."): param(n) for n in layer_names})  # each [Layers, ...]
+        self.inv_freq = nnx.Variable(jnp.asarray(cfg.inv_freq(), dtype=F32))
+
+    # ---- one decoder layer (the scan body) -------------------------------------------------------
+
+    def _layer(self, h, p, cos, sin, mask, ctx_k=None, ctx_v=None, ctx_mask=None):
+        """h [B, T, D] float32 -> (h, (k, v)); with a context, queries also attend ctx_k/ctx_v [C, K, E]."""
+        cfg = self.cfg
+        B, T, _ = h.shape
+        x = rms_norm(h, p["attn_norm"], cfg.rms_norm_eps)
+        q = dense(x, p["wq"], p.get("bq")).reshape(B, T, cfg.num_heads, cfg.head_dim)
+        k = dense(x, p["wk"], p.get("bk")).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+        v = dense(x, p["wv"], p.get("bv")).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
+            k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+        k = rotate(k, cos, sin)
+        q = rotate(q, cos, sin).reshape(B, T, cfg.num_kv_heads, cfg.kv_groups, cfg.head_dim) * cfg.head_dim ** -0.5
+
+        scores = jnp.einsum("btkge,bske->bkgts", q, k, preferred_element_type=F32)
+        scores = jnp.where(mask[:, None, None], scores, NEG_INF)  # mask [B, T, S]
+        if ctx_k is not None:
+            ctx_scores = jnp.einsum("btkge,ske->bkgts", q, ctx_k, preferred_element_type=F32)
+            ctx_scores = jnp.where(ctx_mask[:, None, None], ctx_scores, NEG_INF)  # ctx_mask [B, T, C]
+            scores = jnp.concatenate([ctx_scores, scores], axis=-1)
+        probs = jax.nn.softmax(scores, axis=-1)
+        if ctx_k is not None:
+            C = ctx_k.shape[0]
+            out = jnp.einsum("bkgts,ske->btkge", probs[..., :C], ctx_v, preferred_element_type=F32)
+            out += jnp.einsum("bkgts,bske->btkge", probs[..., C:], v, preferred_element_type=F32)
+        else:
+            out = jnp.einsum("bkgts,bske->btkge", probs, v, preferred_element_type=F32)
+        h = h + dense(out.reshape(B, T, cfg.num_heads * cfg.head_dim), p["wo"], p.get("bo"))
+
+        x = rms_norm(h, p["mlp_norm"], cfg.rms_norm_eps)
+        gate = dense(x, p["w_gate"], p.get("b_gate"))
+        up = dense(x, p["w_up"], p.get("b_up"))
+        h = h + dense(jax.nn.silu(gate) * up, p["w_down"], p.get("b_down"))
+        return h, (k, v)
+
+    def _run_layers(self, tokens, positions, mask, ctx=None, keep_kv=False):
+        cos, sin = rope_tables(positions, self.inv_freq[...])
+        h = jnp.take(self.embed[...], tokens, axis=0).astype(F32)  # [B, T, D]
+        layers = {name: value[...] for name, value in self.layers.items()}
+
+        if ctx is None:
+            def body(h, p):
+                h, (k, v) = self._layer(h, p, cos, sin, mask)
+                return h, ((k[0], v[0]) if keep_kv else None)  # keep_kv only for a batch of one
+            return jax.lax.scan(body, h, layers)
+
+        ctx_k, ctx_v, ctx_mask = ctx
+
+        def body_ctx(h, xs):
+            p, k, v = xs
+            h, _ = self._layer(h, p, cos, sin, mask, k, v, ctx_mask)
+            return h, None
+        return jax.lax.scan(body_ctx, h, (layers, ctx_k, ctx_v))
+
+    def _pool(self, h: jax.Array, last_index: jax.Array) -> jax.Array:
+        last = jnp.take_along_axis(h, last_index[:, None, None], axis=1)[:, 0]  # [B, D]
+        return rms_norm(last, self.final_norm[...], self.cfg.rms_norm_eps)
+
+    # ---- entry points (each jitted per shape bucket by runtime.executables) --------------------------
+
+    def hidden(self, tokens: jax.Array, last_index: jax.Array) -> jax.Array:
+        """tokens [B, T] right-padded, last_index [B] -> final-normed hidden state there [B, D] float32."""
+        B, T = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+        mask = causal_mask(positions, positions, self.cfg.sliding_window)
+        h, _ = self._run_layers(tokens, positions, mask)
+        return self._pool(h, last_index)
+
+    def prefill_context(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """tokens [1, C] right-padded -> rotated keys and values of every layer, each [Layers, C, K, E]."""
+        _, C = tokens.shape
+        positions = jnp.arange(C)[None]
+        mask = causal_mask(positions, positions, self.cfg.sliding_window)
+        _, (k, v) = self._run_layers(tokens, positions, mask, keep_kv=True)
+        return k, v
+
+    def hidden_after_context(self, ctx_k, ctx_v, ctx_len, tokens, last_index) -> jax.Array:
+        """Score continuations of a shared prefix: tokens [B, T] start at position ctx_len and attend to
+        the first ctx_len context keys plus their own causal keys. Returns [B, D] float32."""
+        B, T = tokens.shape
+        C = ctx_k.shape[1]  # ctx_k, ctx_v [Layers, C, K, E]
+        positions = ctx_len + jnp.broadcast_to(jnp.arange(T), (B, T))
+        mask = causal_mask(positions, positions, self.cfg.sliding_window)
+        ctx_positions = jnp.broadcast_to(jnp.arange(C), (B, C))
+        ctx_mask = causal_mask(positions, ctx_positions, self.cfg.sliding_window)  # [B, T, C]
+        ctx_mask &= (ctx_positions < ctx_len)[:, None, :]  # padding of the context bucket
+        h, _ = self._run_layers(tokens, positions, mask, (ctx_k, ctx_v, ctx_mask))
+        return self._pool(h, last_index)
+
+    def label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
+        """hidden [B, D], labels [B, L] (per row) -> log P(label) over the full vocabulary [B, L] float32."""
+        head = self.embed[...] if self.lm_head is None else self.lm_head[...]
+        logits = jnp.einsum("bd,vd->bv", hidden.astype(head.dtype), head, preferred_element_type=F32)
+        return jnp.take_along_axis(logits, labels, axis=1) - jax.nn.logsumexp(logits, axis=1, keepdims=True)
+
+    def class_logits(self, hidden: jax.Array) -> jax.Array:
+        """Sequence-classification head: hidden [B, D] -> raw logits [B, num_labels] float32."""
+        head = self.score_head[...]
+        return jnp.einsum("bd,nd->bn", hidden.astype(head.dtype), head, preferred_element_type=F32)

@@ -1,0 +1,189 @@
+"""Synchronous scoring on precompiled buckets: plan device batches, pad, run, unpad.
+
+Two ways to score a request's sequences, picked by padded-token cost:
+- full: every sequence on its own row (rows of several requests share device batches);
+- shared prefix: the longest common token prefix runs once, the items' remaining tokens then
+  attend to its keys/values, with positions continuing after it.
+Right padding never changes a score: real tokens attend only to earlier positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Sequence
+
+import numpy as np
+
+from runtime.buckets import BucketPlan, SequenceTooLong, fit
+from runtime.executables import Executables, spec
+from runtime.model import Llama
+
+log = logging.getLogger("scorefn.runtime")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    sequences: Sequence[Sequence[int]]
+    label_ids: Sequence[int]
+
+
+@dataclasses.dataclass
+class _Row:
+    job: int
+    index: int
+    tokens: Sequence[int]
+
+
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    first = sequences[0]
+    length = min(len(s) for s in sequences)
+    for other in sequences[1:]:
+        n = 0
+        while n < length and other[n] == first[n]:
+            n += 1
+        length = n
+    return length
+
+
+class Scorer:
+    def __init__(self, model: Llama, plan: BucketPlan, executables: Executables | None = None,
+                 lazy: bool = False):
+        self.cfg = model.cfg
+        self.plan = plan
+        self.exe = executables or Executables(model, lazy=lazy)
+        self.hidden_size = self.cfg.hidden_size
+        self.device_batches = 0  # forward passes run (for /metrics: mean rows per device batch)
+        self.device_rows = 0
+
+    # ---- warm-up --------------------------------------------------------------------------------------
+
+    def compile_all(self, progress: Callable[[int, int, str, float], None] | None = None) -> int:
+        """Compile every bucket once (through the persistent cache). Returns how many were compiled."""
+        p, D = self.plan, self.hidden_size
+        kv_shape = lambda c: (self.cfg.num_layers, c, self.cfg.num_kv_heads, self.cfg.head_dim)
+        kv_dtype = np.float32  # attention runs in float32 (runtime.model)
+        work: list[tuple[str, tuple, tuple]] = []
+        work += [("hidden", (b, t), (spec((b, t)), spec((b,)))) for b, t in p.full()]
+        work += [("prefill_context", (c,), (spec((1, c)),)) for c in p.contexts()]
+        work += [("hidden_after_context", (c, b, s),
+                  (spec(kv_shape(c), kv_dtype), spec(kv_shape(c), kv_dtype), spec(()), spec((b, s)), spec((b,))))
+                 for c, b, s in p.continuations()]
+        if self.cfg.task == "causal_lm":
+            work += [("label_logprobs", (b, n), (spec((b, D), np.float32), spec((b, n)))) for b, n in p.heads()]
+        else:
+            work += [("class_logits", (b,), (spec((b, D), np.float32),))
+                     for b in sorted({b for b, _ in p.heads()})]
+        for i, (method, key, args) in enumerate(work, 1):
+            if self.exe.has(method, key):
+                continue
+            seconds = self.exe.compile(method, key, *args)
+            if progress:
+                progress(i, len(work), f"{method}{key}", seconds)
+        return len(work)
+
+    # ---- scoring ----------------------------------------------------------------------------------------
+
+    def check(self, sequences: Sequence[Sequence[int]]) -> None:
+        for seq in sequences:
+            if len(seq) > self.plan.max_length:
+                raise SequenceTooLong(len(seq), self.plan.max_length)
+            if not seq:
+                raise ValueError("cannot score an empty sequence: there is no position to predict from")
+
+    def score(self, sequences: Sequence[Sequence[int]], label_ids: Sequence[int]) -> np.ndarray:
+        """log P(label | sequence) at the position after each sequence: [n_sequences, n_labels] float32."""
+        return self.score_jobs([Job(sequences, label_ids)])[0]
+
+    def score_jobs(self, jobs: Sequence[Job]) -> list[np.ndarray]:
+        """Score several requests at once; rows of requests scored in full share device batches."""
+        for job in jobs:
+            self.check(job.sequences)
+            if len(job.label_ids) > self.plan.max_labels:
+                raise ValueError(f"{len(job.label_ids)} labels exceed the limit of {self.plan.max_labels}")
+        results = [np.empty((len(job.sequences), len(job.label_ids)), np.float32) for job in jobs]
+        pending: list[tuple[object, list[_Row]]] = []  # device outputs, fetched after all are dispatched
+        full_rows: list[_Row] = []
+        for j, job in enumerate(jobs):
+            prefix = self._prefix_length(job.sequences)
+            if prefix:
+                pending += self._dispatch_shared_prefix(j, jobs, prefix)
+            else:
+                full_rows += [_Row(j, i, seq) for i, seq in enumerate(job.sequences)]
+        pending += self._dispatch_full(full_rows, jobs)
+        for output, rows in pending:
+            values = np.asarray(output)
+            for r, row in enumerate(rows):
+                results[row.job][row.index] = values[r, : len(jobs[row.job].label_ids)]
+        return results
+
+    def _prefix_length(self, sequences: Sequence[Sequence[int]]) -> int:
+        """Tokens to share, or 0 when scoring the sequences in full costs fewer padded tokens."""
+        p = self.plan
+        if not p.prefix_sharing or len(sequences) < 2:
+            return 0
+        shared = min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
+        longest_rest = max(len(s) for s in sequences) - shared
+        if shared == 0 or longest_rest > p.suffix_lengths[-1]:
+            return 0
+        n = len(sequences)
+        rows = p.suffix_batches[-1]
+        shared_cost = fit(p.lengths, shared) + -(-n // rows) * rows * fit(p.suffix_lengths, longest_rest)
+        full_cost = n * fit(p.lengths, max(len(s) for s in sequences))
+        return shared if shared_cost < full_cost else 0
+
+    def _head(self, hidden, rows: list[_Row], jobs: Sequence[Job], batch: int):
+        n_labels = fit(self.plan.labels, max(len(jobs[row.job].label_ids) for row in rows))
+        labels = np.zeros((batch, n_labels), np.int32)  # padding rows/columns gather label 0
+        for r, row in enumerate(rows):
+            ids = jobs[row.job].label_ids
+            labels[r, : len(ids)] = ids
+        if self.cfg.task == "causal_lm":
+            return self.exe("label_logprobs", (batch, n_labels), hidden, labels)
+        return self.exe("class_logits", (batch,), hidden)
+
+    def _dispatch_full(self, rows: list[_Row], jobs: Sequence[Job]) -> list[tuple[object, list[_Row]]]:
+        p = self.plan
+        rows = sorted(rows, key=lambda row: len(row.tokens), reverse=True)  # similar lengths share a batch
+        out = []
+        while rows:
+            length = fit(p.lengths, len(rows[0].tokens))
+            chunk, rows = rows[: p.batch_for(length)], rows[p.batch_for(length):]
+            batch = fit(p.batches, len(chunk))
+            tokens = np.zeros((batch, length), np.int32)
+            last = np.zeros((batch,), np.int32)
+            for r, row in enumerate(chunk):
+                tokens[r, : len(row.tokens)] = row.tokens
+                last[r] = len(row.tokens) - 1
+            hidden = self.exe("hidden", (batch, length), tokens, last)
+            self.device_batches += 1
+            self.device_rows += len(chunk)
+            out.append((self._head(hidden, chunk, jobs, batch), chunk))
+        return out
+
+    def _dispatch_shared_prefix(self, j: int, jobs: Sequence[Job], shared: int) -> list[tuple[object, list[_Row]]]:
+        p, job = self.plan, jobs[j]
+        context = fit(p.lengths, shared)
+        ctx_tokens = np.zeros((1, context), np.int32)
+        ctx_tokens[0, :shared] = job.sequences[0][:shared]
+        ctx_k, ctx_v = self.exe("prefill_context", (context,), ctx_tokens)
+        rows = sorted((_Row(j, i, seq[shared:]) for i, seq in enumerate(job.sequences)),
+                      key=lambda row: len(row.tokens), reverse=True)
+        out = []
+        step = p.suffix_batches[-1]
+        for start in range(0, len(rows), step):
+            chunk = rows[start:start + step]
+            batch = fit(p.suffix_batches, len(chunk))
+            length = fit(p.suffix_lengths, len(chunk[0].tokens))
+            tokens = np.zeros((batch, length), np.int32)
+            last = np.zeros((batch,), np.int32)
+            for r, row in enumerate(chunk):
+                tokens[r, : len(row.tokens)] = row.tokens
+                last[r] = len(row.tokens) - 1
+            hidden = self.exe("hidden_after_context", (context, batch, length),
+                              ctx_k, ctx_v, np.int32(shared), tokens, last)
+            self.device_batches += 1
+            self.device_rows += len(chunk)
+            out.append((self._head(hidden, chunk, jobs, batch), chunk))
+        return out
+

@@ -1,0 +1,147 @@
+"""Every setting in one table: name, default, help. Read from the environment as SCOREFN_<NAME>.
+
+Pure Python (no JAX, no Litestar) so that both the handler and the runtime can import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+
+def _csv_ints(text: str) -> tuple[int, ...]:
+    values = tuple(sorted({int(part) for part in text.replace(" ", "").split(",") if part}))
+    if not values or values[0] <= 0:
+        raise ValueError(f"expected a comma-separated list of positive integers, got {text!r}")
+    return values
+
+
+def _csv_strs(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean, got {text!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str
+    parse: Callable[[str], Any]
+    help: str
+
+    @property
+    def env(self) -> str:
+        return "PORT" if self.name == "port" else f"SCOREFN_{self.name.upper()}"
+
+
+def _default_cache_dir() -> str:
+    return str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scorefn")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("model", "", str,
+            "Model to serve: a Hugging Face directory or a .gguf file. Empty: the embedded SmolLM2-135M-Instruct."),
+    Setting("model_id", "", str,
+            "Name the API reports and accepts in `model`. Empty: derived from the model (e.g. SmolLM2-135M-Instruct)."),
+    Setting("cache_dir", _default_cache_dir(), str,
+            "Where the converted embedded model and the XLA compilation cache live."),
+    Setting("compile_cache_dir", "", str,
+            "JAX persistent compilation cache directory. Empty: <cache_dir>/xla."),
+    Setting("dtype", "bfloat16", str,
+            "Parameter and activation dtype: float32 or bfloat16 (matmuls always accumulate in float32)."),
+    Setting("length_buckets", "32,64,128,256,512,1024,2048", _csv_ints,
+            "Padded sequence lengths compiled at start-up; the largest is the longest accepted sequence."),
+    Setting("batch_buckets", "1,2,4,8,16,32", _csv_ints,
+            "Padded batch sizes compiled at start-up; larger batches are split."),
+    Setting("max_bucket_tokens", "16384", int,
+            "Skip (batch, length) buckets with more tokens than this; such batches are split instead."),
+    Setting("suffix_length_buckets", "16,32,64,128", _csv_ints,
+            "Item lengths (tokens after a shared prefix) compiled for shared-prefix scoring."),
+    Setting("suffix_batch_buckets", "8,32", _csv_ints,
+            "Batch sizes compiled for shared-prefix scoring; larger requests run several such batches."),
+    Setting("prefix_sharing", "true", _bool,
+            "Compute a request's longest common token prefix once and score items against its keys/values."),
+    Setting("batch_wait_ms", "2", float,
+            "How long the device thread waits to coalesce concurrent requests into one device batch."),
+    Setting("max_items", "1024", int, "Most items in one /v1/score request (400 too_many_items beyond)."),
+    Setting("max_labels", "1024", int, "Most label_token_ids in one request."),
+    Setting("max_total_tokens", "262144", int, "Most tokens summed over all sequences of one request."),
+    Setting("max_body_bytes", "4194304", int, "Largest request body in bytes (413 request_too_large beyond)."),
+    Setting("max_queue", "256", int, "Most requests waiting for the device; beyond it 429 rate_limit_exceeded."),
+    Setting("request_timeout_s", "30", float,
+            "A request still queued after this many seconds is dropped with 503 (its work is not computed)."),
+    Setting("api_keys", "", _csv_strs,
+            "Comma-separated API keys; when set, /v1/* requires `Authorization: Bearer <key>`."),
+    Setting("drain_grace_s", "10", float, "On SIGTERM, how long in-flight requests may take to finish."),
+    Setting("classifiers", "", str,
+            "TOML file declaring prompt-verbalizer classifiers. Empty: the built-in sentiment classifier."),
+    Setting("mesh", "", str,
+            "Device mesh as DATAxMODEL (e.g. 1x4). Empty: all local devices on the data axis."),
+    Setting("log_requests_debug", "false", _bool, "Log request bodies (debugging only)."),
+    Setting("host", "0.0.0.0", str, "Address `scorefn serve` binds."),
+    Setting("port", "8080", int, "Port `scorefn serve` binds (env PORT, as on Cloud Run)."),
+)
+
+SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    model: str
+    model_id: str
+    cache_dir: str
+    compile_cache_dir: str
+    dtype: str
+    length_buckets: tuple[int, ...]
+    batch_buckets: tuple[int, ...]
+    max_bucket_tokens: int
+    suffix_length_buckets: tuple[int, ...]
+    suffix_batch_buckets: tuple[int, ...]
+    prefix_sharing: bool
+    batch_wait_ms: float
+    max_items: int
+    max_labels: int
+    max_total_tokens: int
+    max_body_bytes: int
+    max_queue: int
+    request_timeout_s: float
+    api_keys: tuple[str, ...]
+    drain_grace_s: float
+    classifiers: str
+    mesh: str
+    log_requests_debug: bool
+    host: str
+    port: int
+
+    @property
+    def xla_cache_dir(self) -> str:
+        return self.compile_cache_dir or str(Path(self.cache_dir) / "xla")
+
+    def replace(self, **changes: Any) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+
+def load_settings(environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
+    """Settings from the environment (SCOREFN_*, PORT), then keyword overrides (already parsed)."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        raw = environ.get(setting.env, setting.default)
+        try:
+            values[setting.name] = setting.parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"setting {setting.env}={raw!r} is invalid: {exc}") from exc
+    values.update(overrides)
+    settings = Settings(**values)
+    if settings.dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"setting SCOREFN_DTYPE must be float32 or bfloat16, got {settings.dtype!r}")
+    return settings

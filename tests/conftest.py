@@ -1,0 +1,54 @@
+"""Fixtures shared by every test package: the embedded model directory and the PyTorch reference."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Same default as the Makefile, so tests reuse the converted model and the XLA cache.
+CACHE_DIR = Path(os.environ.setdefault("SCOREFN_CACHE_DIR", str(REPO / ".cache" / "scorefn")))
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    return CACHE_DIR
+
+
+@pytest.fixture(scope="session")
+def embedded_dir() -> Path:
+    from runtime.loader import resolve_model_dir
+
+    model_dir, _ = resolve_model_dir("", CACHE_DIR)
+    return model_dir
+
+
+@pytest.fixture(scope="session")
+def torch_embedded():
+    """transformers' PyTorch model loaded from the same GGUF file, float32 (the reference)."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from runtime.gguf_convert import embedded_gguf
+
+    torch.set_flush_denormal(True)  # dequantized GGUF weights hold denormals: 10x slower without this
+    gguf = embedded_gguf()
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return model.eval(), tokenizer
+
+
+def torch_label_logprobs(model, sequences, labels):
+    """Reference: each sequence alone (no padding), log-softmax at its last position, float64 out."""
+    import torch
+
+    rows = []
+    with torch.no_grad():
+        for seq in sequences:
+            logits = model(torch.tensor([seq])).logits[0, -1].double()
+            rows.append(torch.log_softmax(logits, dim=-1)[labels].numpy())
+    import numpy as np
+
+    return np.stack(rows)

@@ -1,0 +1,61 @@
+"""Runtime test helpers: small bucket plans, tiny random Hugging Face checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.buckets import BucketPlan
+from runtime.config import load_config
+from runtime.model import Llama
+from runtime.scorer import Scorer
+from runtime.weights import load_arrays
+
+
+def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_lengths=(8,), suffix_batches=(4,),
+               labels=(4, 16), max_tokens=4096) -> BucketPlan:
+    return BucketPlan(lengths=tuple(lengths), batches=tuple(batches), max_tokens=max_tokens, labels=tuple(labels),
+                      suffix_lengths=tuple(suffix_lengths), suffix_batches=tuple(suffix_batches),
+                      prefix_sharing=prefix_sharing)
+
+
+def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None = None, lazy: bool = True) -> Scorer:
+    cfg = load_config(model_dir)
+    model = Llama(cfg, load_arrays(model_dir, cfg), dtype)
+    return Scorer(model, plan or small_plan(), lazy=lazy)
+
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2)
+
+
+def tiny_checkpoint(family: str, out_dir: Path, **overrides):
+    """A random transformers model of `family`, saved as a Hugging Face directory; returns the torch model."""
+    torch = pytest.importorskip("torch")
+    import transformers
+
+    torch.manual_seed(0)
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "llama_cls": (transformers.LlamaConfig, transformers.LlamaForSequenceClassification),
+        "qwen2_cls": (transformers.Qwen2Config, transformers.Qwen2ForSequenceClassification),
+        "qwen3_cls": (transformers.Qwen3Config, transformers.Qwen3ForSequenceClassification),
+    }[family]
+    config = config_cls(**{**TINY, **overrides})
+    config._attn_implementation = "eager"
+    model = model_cls(config).eval()
+    with torch.no_grad():  # norms away from 1, so a misplaced norm weight shows
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.3)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return model
+
+
+def random_sequences(rng: np.random.Generator, count: int, low: int, high: int, vocab: int) -> list[list[int]]:
+    return [rng.integers(0, vocab, size=int(rng.integers(low, high + 1))).tolist() for _ in range(count)]
