@@ -56,7 +56,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Where the converted embedded model and the XLA compilation cache live."),
     Setting("compile_cache_dir", "", str,
             "JAX persistent compilation cache directory. Empty: <cache_dir>/xla."),
-    Setting("dtype", "bfloat16", str,
+    Setting("dtype", "float32", str,
             "Parameter and activation dtype: float32 or bfloat16 (matmuls always accumulate in float32)."),
     Setting("length_buckets", "32,64,128,256,512,1024,2048", _csv_ints,
             "Padded sequence lengths compiled at start-up; the largest is the longest accepted sequence."),
