@@ -22,6 +22,7 @@ $(VENV)/.serve-installed: pyproject.toml | $(PY)
 
 $(VENV)/.test-installed: pyproject.toml $(VENV)/.serve-installed
 	$(PY) -m pip install --quiet -e '.[test,load]'
+	PYTHON=$(PYTHON) bash infra/tools/install-checkov.sh  # its own venv: its pins clash with pytest's
 	touch $@
 
 $(SCOREFN_CACHE_DIR)/.prepared: $(VENV)/.serve-installed

@@ -1,0 +1,269 @@
+"""The framework-free core: an HttpRequest in, an HttpResponse out, shared by the ASGI and WSGI faces.
+
+Scoring is asynchronous (engine.submit returns a concurrent.futures.Future), so a request takes two steps:
+
+    outcome = core.begin(request)            # HttpResponse, or PendingScore for an accepted /v1/score
+    if isinstance(outcome, PendingScore):    # ASGI: await asyncio.wrap_future(...); WSGI: .result()
+        outcome = core.finish(outcome, result_or_exception)
+
+Checks run in this order: route (404/405), API key on /v1/* (401), body size (413), readiness (503),
+JSON decoding (400), validation (400/422), queue admission (429).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hmac
+import logging
+import time
+import uuid
+
+import numpy as np
+import scipy.special
+
+from handler import schemas
+from handler.engine import DeadlineExceeded, QueueFull, ScoreResult, ScoringEngine
+from handler.errors import ApiError, internal_error
+from handler.http import (HttpRequest, HttpResponse, PendingScore, error_response, json_response, request_id_of,
+                          seconds)
+from handler.logs import log_access
+from handler.metrics import Metrics
+from handler.validation import ScoreJob, decode_body, validate_score_request, validate_tokenize_request
+from runtime.settings import Settings
+
+log = logging.getLogger("scorefn.handler")
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    method: str
+    summary: str
+    request: type | None = None  # body struct (documented in OpenAPI)
+    response: type | None = None  # 200 body struct
+    errors: tuple[int, ...] = ()  # error statuses it can answer besides 404/405 (documented in OpenAPI)
+    quiet: bool = False  # probes and scrapes: access-logged at DEBUG
+
+
+ENDPOINTS: dict[str, Endpoint] = {
+    "/v1/score": Endpoint("POST", "Score label tokens after query + item, per item",
+                          schemas.ScoreRequest, schemas.ScoreResponse, (400, 401, 413, 422, 429, 500, 503)),
+    "/v1/tokenize": Endpoint("POST", "Tokenize text (check that a label is a single token)",
+                             schemas.TokenizeRequest, schemas.TokenizeResponse, (400, 401, 413, 500, 503)),
+    "/v1/models": Endpoint("GET", "List the served model", None, schemas.ModelList, (401, 503)),
+    "/health": Endpoint("GET", "Liveness: 200 while the process runs", None, schemas.Status, quiet=True),
+    "/ready": Endpoint("GET", "Readiness: 200 once every shape is compiled, 503 while warming up or draining",
+                       None, schemas.Status, (503,), quiet=True),
+    "/metrics": Endpoint("GET", "Prometheus metrics (text exposition format)", quiet=True),
+}
+_AUTHENTICATED_PREFIX = "/v1/"
+_SHOWN_PATH_CHARS = 200
+
+
+class ScoringCore:
+    def __init__(self, settings: Settings, engine: ScoringEngine | None = None) -> None:
+        self.settings = settings
+        self.engine = engine  # None until a face's warm-up builds one
+        self.metrics = Metrics(lambda: self.engine)
+        self._draining = False
+        self._api_keys = tuple(key.encode() for key in settings.api_keys)
+        self._started_at = int(time.time())
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and self.engine.ready and not self._draining
+
+    def start_draining(self) -> None:
+        """From now on /ready answers 503 and new work is refused; called before engine.stop()."""
+        self._draining = True
+
+    def begin(self, request: HttpRequest) -> HttpResponse | PendingScore:
+        request_id = request_id_of(request)
+        try:
+            outcome = self._dispatch(request, request_id)
+        except ApiError as error:
+            outcome = error_response(error)
+        except Exception:
+            log.exception("request %s: unexpected error", request_id)
+            outcome = error_response(internal_error())
+        if isinstance(outcome, PendingScore):
+            return outcome
+        return self._complete(request, request_id, outcome)
+
+    def finish(self, pending: PendingScore, outcome: ScoreResult | BaseException) -> HttpResponse:
+        """The response for a PendingScore, given the future's result or the exception it raised."""
+        try:
+            if isinstance(outcome, BaseException):
+                raise self._engine_error(pending.request_id, outcome)
+            response = self._scored(pending.job, outcome)
+        except ApiError as error:
+            response = error_response(error)
+        except Exception as exc:  # building the response failed: a bug, or a result of the wrong shape
+            response = error_response(self._engine_error(pending.request_id, exc))
+        result = outcome if isinstance(outcome, ScoreResult) else None
+        return self._complete(pending.request, pending.request_id, response, pending.job, result)
+
+    # -- routing -------------------------------------------------------------------------------------------
+
+    def reject(self, request: HttpRequest, error: ApiError) -> HttpResponse:
+        """An error the face found before the core saw the request (e.g. malformed HTTP), logged and counted."""
+        return self._complete(request, request_id_of(request), error_response(error))
+
+    def reject_unrouted(self, request: HttpRequest) -> HttpResponse:
+        """The 404 or 405 for a request the framework could not route, worded as the core words it."""
+        try:
+            self._route(request)
+            error = _not_found(request.path)  # the framework found no route where the core sees one
+        except ApiError as routing_error:
+            error = routing_error
+        return self.reject(request, error)
+
+    def _route(self, request: HttpRequest) -> Endpoint:
+        path = _normalized(request.path)
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is None:
+            raise _not_found(path)
+        if request.method not in (endpoint.method, "OPTIONS"):
+            raise ApiError("method_not_allowed", f"Method {request.method[:16]} is not allowed on {path}; "
+                           f"use {endpoint.method}.", headers=(("allow", _allow(endpoint)),))
+        return endpoint
+
+    def _dispatch(self, request: HttpRequest, request_id: str) -> HttpResponse | PendingScore:
+        endpoint = self._route(request)
+        path = _normalized(request.path)
+        if request.method == "OPTIONS":  # what Litestar answers by itself, so both faces agree
+            return HttpResponse(204, [("allow", _allow(endpoint))], b"")
+        if path.startswith(_AUTHENTICATED_PREFIX):
+            self._authenticate(request)
+        if path == "/v1/score":
+            return self._score(request, request_id)
+        if path == "/v1/tokenize":
+            return self._tokenize(request)
+        if path == "/v1/models":
+            return self._models()
+        if path == "/ready":
+            self._require_ready()
+            return json_response(200, schemas.Status(status="ready"))
+        if path == "/metrics":
+            body, content_type = self.metrics.render()
+            return HttpResponse(200, [("content-type", content_type)], body)
+        return json_response(200, schemas.Status(status="ok"))  # /health
+
+    def _authenticate(self, request: HttpRequest) -> None:
+        if not self._api_keys:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        # Servers decode header bytes as latin-1; encoding back gives the bytes the client sent.
+        given = token.strip().encode("latin-1", "replace") if scheme.lower() == "bearer" else b""
+        matched = False
+        for key in self._api_keys:  # compare with every key: the time taken does not tell which one matched
+            matched |= hmac.compare_digest(given, key)
+        if not matched:
+            raise ApiError("invalid_api_key", "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
+                           headers=(("www-authenticate", "Bearer"),))
+
+    def _body(self, request: HttpRequest) -> bytes:
+        limit = self.settings.max_body_bytes
+        if request.body is None or len(request.body) > limit:
+            given = request.headers.get("content-length", "")
+            size = f" ({given} bytes)" if given.isdigit() else ""
+            raise ApiError("request_too_large", f"The request body{size} is larger than the limit of {limit} bytes.")
+        return request.body
+
+    def _require_ready(self) -> ScoringEngine:
+        if self._draining:
+            raise ApiError("server_not_ready", "The server is shutting down; retry on another instance.")
+        if self.engine is None or not self.engine.ready:
+            raise ApiError("server_not_ready", "The model is loading and compiling; retry shortly.")
+        return self.engine
+
+    # -- endpoints -----------------------------------------------------------------------------------------
+
+    def _score(self, request: HttpRequest, request_id: str) -> PendingScore:
+        body = self._body(request)
+        engine = self._require_ready()
+        score_request = decode_body(schemas.SCORE_REQUEST_DECODER, body)
+        job = validate_score_request(score_request, engine, self.settings)
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        try:
+            future = engine.submit(job.sequences, job.label_ids, deadline)
+        except Exception as exc:
+            raise self._engine_error(request_id, exc) from None
+        return PendingScore(request, request_id, job, future)
+
+    def _scored(self, job: ScoreJob, result: ScoreResult) -> HttpResponse:
+        logprobs = np.asarray(result.logprobs)  # [items, labels]
+        expected = (len(job.sequences), len(job.label_ids))
+        if logprobs.shape != expected:
+            raise ValueError(f"engine returned logprobs of shape {logprobs.shape}, expected {expected}")
+        # softmax over the requested labels only, per item, in float64 on the host (RFC-000, ADR-001)
+        scores = scipy.special.softmax(logprobs.astype(np.float64), axis=1) if job.apply_softmax else logprobs
+        body = schemas.ScoreResponse(
+            id=f"score-{uuid.uuid4().hex}", created=int(time.time()), model=job.model, scores=scores.tolist(),
+            usage=schemas.Usage(prompt_tokens=job.n_tokens, total_tokens=job.n_tokens),
+        )
+        self.metrics.observe_scored(len(job.sequences), job.n_tokens, result.queue_seconds, result.device_seconds)
+        return json_response(200, body)
+
+    def _tokenize(self, request: HttpRequest) -> HttpResponse:
+        body = self._body(request)
+        engine = self._require_ready()
+        text, add_special_tokens = validate_tokenize_request(decode_body(schemas.TOKENIZE_REQUEST_DECODER, body))
+        tokens = list(engine.tokenize(text, add_special_tokens=add_special_tokens))
+        return json_response(200, schemas.TokenizeResponse(tokens=tokens, count=len(tokens)))
+
+    def _models(self) -> HttpResponse:
+        if self.engine is None:
+            raise ApiError("server_not_ready", "The model is loading; retry shortly.")
+        card = schemas.ModelCard(id=self.engine.model_id, created=self._started_at)
+        return json_response(200, schemas.ModelList(data=[card]))
+
+    # -- outcome -------------------------------------------------------------------------------------------
+
+    def _engine_error(self, request_id: str, exc: BaseException) -> ApiError:
+        if isinstance(exc, ApiError):
+            return exc
+        if isinstance(exc, QueueFull):
+            return ApiError("rate_limit_exceeded", f"The server is at capacity ({self.settings.max_queue} requests "
+                            "queued). Please retry after 1 second.")
+        if isinstance(exc, DeadlineExceeded):
+            return ApiError("request_timeout", f"The request waited more than {self.settings.request_timeout_s:g} s "
+                            "for the device and was dropped without being scored. Please retry.")
+        if isinstance(exc, concurrent.futures.CancelledError):
+            return ApiError("server_not_ready", "The request was cancelled because the server is shutting down.")
+        log.error("request %s: scoring failed", request_id, exc_info=exc)
+        return internal_error()
+
+    def _complete(self, request: HttpRequest, request_id: str, response: HttpResponse,
+                  job: ScoreJob | None = None, result: ScoreResult | None = None) -> HttpResponse:
+        total = time.perf_counter() - request.started
+        path = _normalized(request.path)
+        endpoint = ENDPOINTS.get(path)
+        headers = [("x-request-id", request_id)]
+        if path == "/v1/score":  # timing headers, in seconds (see handler.http.seconds)
+            if result is not None:
+                headers += [("x-queue-time", seconds(result.queue_seconds)),
+                            ("x-device-time", seconds(result.device_seconds))]
+            headers.append(("x-total-time", seconds(total)))
+        self.metrics.observe_request(path if endpoint else "unmatched", response.status, total)
+        log_access(request_id=request_id, method=request.method[:16], path=path, status=response.status,
+                   total_seconds=total, items=len(job.sequences) if job else None,
+                   tokens=job.n_tokens if job else None,
+                   queue_seconds=result.queue_seconds if result else None,
+                   device_seconds=result.device_seconds if result else None,
+                   quiet=endpoint is not None and endpoint.quiet)
+        return HttpResponse(response.status, response.headers + headers, response.body)
+
+
+def _allow(endpoint: Endpoint) -> str:
+    return ", ".join(sorted((endpoint.method, "OPTIONS")))  # as Litestar writes it
+
+
+def _not_found(path: str) -> ApiError:
+    shown = _normalized(path)[:_SHOWN_PATH_CHARS]
+    return ApiError("not_found", f"There is no endpoint at '{shown}'. Endpoints: {', '.join(ENDPOINTS)}.")
+
+
+def _normalized(path: str) -> str:
+    # Litestar matches "/v1/score/" as "/v1/score"; the WSGI face must agree.
+    return path.rstrip("/") or "/"

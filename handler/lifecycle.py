@@ -1,0 +1,67 @@
+"""Engine warm-up and shutdown, shared by both faces; all of it blocking, so it runs off the request path."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from handler.core import ScoringCore
+from handler.engine import ScoringEngine
+from runtime.settings import Settings
+
+log = logging.getLogger("scorefn.handler")
+
+
+def build_engine(settings: Settings) -> ScoringEngine:
+    from runtime.engine import build_engine as build  # imported here: it pulls in JAX
+
+    return build(settings)
+
+
+def warm_up(core: ScoringCore) -> None:
+    """Build the core's engine if it has none, then start it (loads weights, compiles every bucket).
+
+    A failure is logged, not raised: the process keeps answering /health while /ready stays 503,
+    so the platform's startup probe replaces the instance.
+    """
+    started = time.perf_counter()
+    try:
+        if core.engine is None:
+            core.engine = build_engine(core.settings)
+        if not core.engine.ready:
+            core.engine.start()
+    except Exception:
+        log.exception("engine start failed; /ready stays 503")
+        return
+    log.info("ready", extra={"json_fields": {"model": core.engine.model_id,
+                                             "warmup_s": round(time.perf_counter() - started, 3)}})
+
+
+def shut_down(core: ScoringCore) -> None:
+    """Refuse new work (/ready 503), then let the engine finish what is queued within drain_grace_s."""
+    core.start_draining()
+    if core.engine is not None:
+        core.engine.stop(core.settings.drain_grace_s)
+        log.info("stopped")
+
+
+class BackgroundWarmup:
+    """Runs warm_up once per process in a daemon thread (WSGI has no lifespan; a forked worker starts its own)."""
+
+    def __init__(self, core: ScoringCore) -> None:
+        self._core = core
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self.thread: threading.Thread | None = None
+
+    def ensure_started(self) -> None:
+        if self._pid == os.getpid():
+            return
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            self._pid = os.getpid()
+            self.thread = threading.Thread(target=warm_up, args=(self._core,), name="scorefn-warmup", daemon=True)
+            self.thread.start()

@@ -1,0 +1,83 @@
+"""Prometheus metrics in a per-app registry (two apps in one process, as in tests, never share counters)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from handler.engine import ScoringEngine
+
+log = logging.getLogger("scorefn.metrics")
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITEM_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+# engine.stats() keys that only ever grow; every other key is exported as a gauge.
+_ENGINE_COUNTERS = {
+    "compiles": "XLA compilations; constant after warm-up (a request never triggers one).",
+    "device_batches": "Device batches run.",
+    "device_batch_sequences": "Sequences computed in device batches (divide by device_batches for the mean batch size).",
+}
+_ENGINE_GAUGES = {"queue_depth": "Requests waiting for the device thread."}
+
+
+class EngineStatsCollector(Collector):
+    """Reads engine.stats() at scrape time; exports nothing while there is no engine yet."""
+
+    def __init__(self, get_engine: Callable[[], ScoringEngine | None]) -> None:
+        self._get_engine = get_engine
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._get_engine()
+        if engine is None:
+            return
+        try:
+            stats = engine.stats()
+        except Exception:  # a scrape must never fail because the engine is starting or stopping
+            log.warning("engine.stats() failed", exc_info=True)
+            return
+        for key, value in sorted(stats.items()):
+            name = "scorefn_engine_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+            if key in _ENGINE_COUNTERS:
+                yield CounterMetricFamily(name, _ENGINE_COUNTERS[key], value=float(value))
+            else:
+                yield GaugeMetricFamily(name, _ENGINE_GAUGES.get(key, f"Engine statistic {key!r}."), value=float(value))
+
+
+class Metrics:
+    def __init__(self, get_engine: Callable[[], ScoringEngine | None]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("scorefn_requests", "HTTP requests by endpoint and status.",
+                                ["endpoint", "status"], registry=r)
+        self.latency = Histogram("scorefn_request_duration_seconds", "Server-side request latency by endpoint.",
+                                 ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("scorefn_queue_seconds", "Time a scoring request waited for the device thread.",
+                                    buckets=_LATENCY_BUCKETS, registry=r)
+        self.device_time = Histogram("scorefn_device_seconds", "Device time of the batches computing a request.",
+                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.items_per_request = Histogram("scorefn_items_per_request", "Items in a successful /v1/score request.",
+                                           buckets=_ITEM_BUCKETS, registry=r)
+        self.items = Counter("scorefn_items_scored", "Items scored.", registry=r)
+        self.tokens = Counter("scorefn_tokens_scored", "Tokens in scored sequences.", registry=r)
+        r.register(EngineStatsCollector(get_engine))
+
+    def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+        self.latency.labels(endpoint).observe(seconds)
+
+    def observe_scored(self, items: int, tokens: int, queue_seconds: float, device_seconds: float) -> None:
+        self.items_per_request.observe(items)
+        self.items.inc(items)
+        self.tokens.inc(tokens)
+        self.queue_time.observe(queue_seconds)
+        self.device_time.observe(device_seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,131 @@
+"""Every request and response body as a frozen msgspec Struct, with the encoder and decoders built once.
+
+Request structs hold their fields as `msgspec.Raw` (the field's JSON text, undecoded): msgspec cannot decode
+`list[str] | list[list[int]]`, and RFC-006 wants each field's own error code in a fixed order, so
+handler.validation decodes the fields one by one. Their `extra_json_schema` documents the real types for OpenAPI.
+Unknown fields are ignored (msgspec's default).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
+TOKEN_IDS = {"type": "array", "items": TOKEN_ID}
+
+
+def _doc(description: str, **schema: Any) -> msgspec.Meta:
+    return msgspec.Meta(description=description, extra_json_schema=schema)
+
+
+class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
+    query: Annotated[msgspec.Raw, _doc(
+        "The context: text, or token IDs (then items must be token IDs too).",
+        anyOf=[{"type": "string", "minLength": 1}, {**TOKEN_IDS, "minItems": 1}],
+    )] = msgspec.UNSET
+    items: Annotated[msgspec.Raw, _doc(
+        "Candidate continuations, scored one by one after the query (or before it with item_first).",
+        anyOf=[{"type": "array", "items": {"type": "string"}, "minItems": 1},
+               {"type": "array", "items": TOKEN_IDS, "minItems": 1}],
+    )] = msgspec.UNSET
+    label_token_ids: Annotated[msgspec.Raw, _doc(
+        "Single token IDs whose next-token scores are returned, in this order (duplicates allowed).",
+        type="array", items=TOKEN_ID, minItems=1,
+    )] = msgspec.UNSET
+    apply_softmax: Annotated[msgspec.Raw, _doc(
+        "false: log P(label | sequence) over the full vocabulary; true: softmax over the labels, per item.",
+        type="boolean", default=False,
+    )] = msgspec.UNSET
+    item_first: Annotated[msgspec.Raw, _doc(
+        "Score item + query instead of query + item.", type="boolean", default=False,
+    )] = msgspec.UNSET
+    model: Annotated[msgspec.Raw, _doc(
+        "The served model's id (GET /v1/models); omitted or null: the served model.", type="string",
+    )] = msgspec.UNSET
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int  # sum of the lengths of every item's full sequence
+    completion_tokens: int = 0
+    total_tokens: int
+
+
+class ScoreResponse(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    object: str = "scoring"
+    created: int
+    model: str
+    scores: list[list[float]]  # [item][label], labels in request order
+    usage: Usage
+
+
+class TokenizeRequest(msgspec.Struct, frozen=True, kw_only=True):
+    text: Annotated[msgspec.Raw, _doc("Text to tokenize.", type="string")] = msgspec.UNSET
+    add_special_tokens: Annotated[msgspec.Raw, _doc(
+        "Add the tokenizer's special tokens (e.g. BOS).", type="boolean", default=False,
+    )] = msgspec.UNSET
+
+
+class TokenizeResponse(msgspec.Struct, frozen=True, kw_only=True):
+    tokens: list[int]
+    count: int
+
+
+class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str = "scorefn"
+
+
+class ModelList(msgspec.Struct, frozen=True, kw_only=True):
+    object: str = "list"
+    data: list[ModelCard]
+
+
+class Status(msgspec.Struct, frozen=True, kw_only=True):
+    status: str  # /health: "ok"; /ready: "ready"
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class ErrorEnvelope(msgspec.Struct, frozen=True, kw_only=True):
+    error: ErrorBody
+
+
+# Built once: msgspec caches type information inside encoders/decoders.
+ENCODER = msgspec.json.Encoder()
+SCORE_REQUEST_DECODER = msgspec.json.Decoder(ScoreRequest)
+TOKENIZE_REQUEST_DECODER = msgspec.json.Decoder(TokenizeRequest)
+
+# Fields the request structs treat as optional only so that validation can say which one is missing.
+REQUIRED_FIELDS: dict[type, tuple[str, ...]] = {
+    ScoreRequest: ("query", "items", "label_token_ids"),
+    TokenizeRequest: ("text",),
+}
+
+
+def openapi_schema(struct_type: type) -> dict[str, Any]:
+    """A self-contained JSON Schema (references inlined) of a struct, for an OpenAPI operation."""
+    (root,), components = msgspec.json.schema_components([struct_type], ref_template="{name}")
+    for name, required in ((t.__name__, fields) for t, fields in REQUIRED_FIELDS.items()):
+        if name in components:
+            components[name]["required"] = list(required)
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(components[node["$ref"]])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(value) for value in node]
+        return node
+
+    return inline(root)

@@ -1,0 +1,19 @@
+output "url" {
+  description = "HTTPS URL of the scorefn service (POST <url>/v1/score)."
+  value       = google_cloud_run_v2_service.scorefn.uri
+}
+
+output "image" {
+  description = "Image reference the service runs."
+  value       = local.image
+}
+
+output "repository" {
+  description = "Artifact Registry path to push images to (docker/podman push <repository>/scorefn:<tag>)."
+  value       = "${google_artifact_registry_repository.scorefn.location}-docker.pkg.dev/${var.project_id}/${google_artifact_registry_repository.scorefn.repository_id}"
+}
+
+output "service_account" {
+  description = "Email of the runtime service account."
+  value       = google_service_account.scorefn.email
+}

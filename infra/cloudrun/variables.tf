@@ -1,0 +1,162 @@
+variable "project_id" {
+  description = "Google Cloud project that hosts the service, its image repository and its service account."
+  type        = string
+}
+
+variable "region" {
+  description = "Cloud Run region. Must offer NVIDIA L4 GPUs on Cloud Run (e.g. us-central1, europe-west1, europe-west4, asia-southeast1)."
+  type        = string
+  default     = "us-central1"
+}
+
+variable "service_name" {
+  description = "Name of the Cloud Run service (also used for the service account id and labels)."
+  type        = string
+  default     = "scorefn"
+}
+
+variable "repository_id" {
+  description = "Artifact Registry Docker repository created for the scorefn images."
+  type        = string
+  default     = "scorefn"
+}
+
+variable "image" {
+  description = "Full image reference to deploy. Empty: <region>-docker.pkg.dev/<project>/<repository_id>/scorefn:<image_tag>. Prefer a digest (…@sha256:…) in production."
+  type        = string
+  default     = ""
+}
+
+variable "image_tag" {
+  description = "Tag of the scorefn image in the repository when `image` is empty. Build it with --build-arg ACCELERATOR=cuda12."
+  type        = string
+  default     = "cuda12"
+}
+
+variable "cpu" {
+  description = "vCPUs per instance. Cloud Run GPU instances need at least 4 (8 recommended): tokenization and JSON run on the CPU."
+  type        = string
+  default     = "4"
+
+  validation {
+    condition     = tonumber(var.cpu) >= 4
+    error_message = "Cloud Run requires at least 4 vCPUs for an instance with a GPU."
+  }
+}
+
+variable "memory" {
+  description = "Memory per instance, in Gi (e.g. 16Gi). Cloud Run GPU instances need at least 16Gi (32Gi recommended)."
+  type        = string
+  default     = "16Gi"
+
+  validation {
+    condition     = can(regex("^[0-9]+Gi$", var.memory)) && tonumber(trimsuffix(var.memory, "Gi")) >= 16
+    error_message = "memory must look like 16Gi and be at least 16Gi for a GPU instance."
+  }
+}
+
+variable "gpu_zonal_redundancy_disabled" {
+  description = "true: best-effort GPU capacity across zones at a lower price (needs the 'without zonal redundancy' L4 quota). false: reserved zonal redundancy."
+  type        = bool
+  default     = true
+}
+
+variable "min_instances" {
+  description = "Instances kept warm. 0 scales to zero (every cold start pays image pull + weight load + executable load); 1+ removes cold starts for the first requests."
+  type        = number
+  default     = 0
+}
+
+variable "max_instances" {
+  description = "Upper bound of instances (and L4 GPUs) the service may use; keep it within the project's Cloud Run GPU quota."
+  type        = number
+  default     = 3
+}
+
+variable "max_instance_request_concurrency" {
+  description = "Requests one instance handles at once. scorefn batches concurrent requests onto the GPU, so this should be at least the largest batch bucket; Cloud Run adds instances when instances run near this many requests."
+  type        = number
+  default     = 32
+
+  validation {
+    condition     = var.max_instance_request_concurrency >= 1 && var.max_instance_request_concurrency <= 1000
+    error_message = "Cloud Run allows 1..1000 concurrent requests per instance."
+  }
+}
+
+variable "request_timeout_s" {
+  description = "Cloud Run request timeout in seconds (scorefn itself drops requests queued longer than SCOREFN_REQUEST_TIMEOUT_S)."
+  type        = number
+  default     = 60
+}
+
+variable "startup_probe_failure_threshold" {
+  description = "Startup probe attempts (every 10 s) on /ready before Cloud Run gives up on an instance. /ready turns 200 after every shape bucket is compiled or loaded from the compile cache; 60 allows 10 minutes for a first start that compiles."
+  type        = number
+  default     = 60
+}
+
+variable "weights_bucket" {
+  description = "Optional GCS bucket holding a Hugging Face model directory. Empty: serve the model baked into the image. Set: the bucket is mounted read-only at /models and SCOREFN_MODEL=/models/<weights_path>."
+  type        = string
+  default     = ""
+}
+
+variable "weights_path" {
+  description = "Directory (or .gguf file) inside weights_bucket that holds the model, e.g. 'llama-3.2-1b'."
+  type        = string
+  default     = ""
+}
+
+variable "compile_cache_bucket" {
+  description = "Optional GCS bucket for a shared, writable JAX compilation cache (mounted at /var/cache/scorefn-xla). Useful when the image was built without a GPU: the first instance compiles and writes, later instances load. Empty: use the cache baked into the image."
+  type        = string
+  default     = ""
+}
+
+variable "api_keys_secret_id" {
+  description = "Optional Secret Manager secret (id in this project) whose latest version is a comma-separated list of API keys, exposed as SCOREFN_API_KEYS. Empty: no API keys (access is controlled by Cloud Run IAM)."
+  type        = string
+  default     = ""
+}
+
+variable "invoker_members" {
+  description = "IAM members granted roles/run.invoker (e.g. serviceAccount:client@proj.iam.gserviceaccount.com). Add \"allUsers\" only together with api_keys_secret_id."
+  type        = list(string)
+  default     = []
+}
+
+variable "ingress" {
+  description = "Cloud Run ingress: INGRESS_TRAFFIC_ALL, INGRESS_TRAFFIC_INTERNAL_ONLY or INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER."
+  type        = string
+  default     = "INGRESS_TRAFFIC_ALL"
+}
+
+variable "scorefn_env" {
+  description = "Extra SCOREFN_* settings for the container, e.g. { SCOREFN_DTYPE = \"bfloat16\", SCOREFN_MAX_QUEUE = \"128\" }. See runtime/settings.py for the table."
+  type        = map(string)
+  default     = {}
+
+  validation {
+    condition     = alltrue([for name in keys(var.scorefn_env) : startswith(name, "SCOREFN_")])
+    error_message = "scorefn_env keys must start with SCOREFN_ (PORT is set by Cloud Run)."
+  }
+}
+
+variable "kms_key_name" {
+  description = "Optional Cloud KMS key (projects/…/cryptoKeys/…) to encrypt the Artifact Registry repository. null: Google-managed encryption."
+  type        = string
+  default     = null
+}
+
+variable "deletion_protection" {
+  description = "Refuse `terraform destroy` of the Cloud Run service until this is set to false."
+  type        = bool
+  default     = true
+}
+
+variable "labels" {
+  description = "Labels added to every resource that takes labels."
+  type        = map(string)
+  default     = {}
+}

@@ -1,0 +1,76 @@
+"""Start `scorefn serve` as a child process on a free loopback port and wait until it is ready.
+
+Used by the end-to-end tests, the benchmark's HTTP workload and the load-test runner. Readiness is
+detected from the server's own "ready" log line (no polling loop), then confirmed on GET /ready.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections import deque
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, env: dict[str, str] | None = None, interface: str = "asgi", start_timeout: float = 600):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.lines: deque[str] = deque(maxlen=2000)
+        self._ready = threading.Event()
+        self._exited = threading.Event()
+        full_env = {**os.environ, **(env or {}), "PORT": str(self.port), "SCOREFN_HOST": "127.0.0.1"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--interface", interface],
+                                     env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        self.wait_ready(start_timeout)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            try:
+                if json.loads(line).get("message") == "ready":
+                    self._ready.set()
+            except (ValueError, AttributeError):
+                pass
+        self._exited.set()
+        self._ready.set()  # wake the waiter: it checks whether the process died
+
+    def wait_ready(self, timeout: float) -> None:
+        if not self._ready.wait(timeout) or self._exited.is_set():
+            self.stop()
+            raise RuntimeError("server did not become ready:\n" + "".join(list(self.lines)[-40:]))
+        with urllib.request.urlopen(self.url + "/ready", timeout=10) as response:
+            assert response.status == 200
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._exited.wait(5):
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

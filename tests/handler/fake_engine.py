@@ -1,0 +1,83 @@
+"""A scoring engine with hand-computable outputs, for handler tests (no JAX).
+
+Tokenizer: one token per character, ord(c) % 1000, with BOS = 1 in front when add_special_tokens.
+Scores: logprob(label | sequence) = -(label % 7) - 0.01 * len(sequence).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import numpy as np
+
+from handler.engine import ScoreResult
+
+BOS = 1
+
+
+def expected_logprob(sequence_length: int, label: int) -> float:
+    return -(label % 7) - 0.01 * sequence_length
+
+
+class FakeEngine:
+    model_id = "fake-model"
+    vocab_size = 1000
+    max_sequence_length = 64
+
+    def __init__(self, *, gated: bool = False) -> None:
+        self.start_gate = threading.Event()  # start() waits for it when gated
+        if not gated:
+            self.start_gate.set()
+        self.started = threading.Event()
+        self.stopped = threading.Event()
+        self.submitted = threading.Event()  # set by every submit(), for tests that resolve held futures
+        self.submissions: list[tuple[list[list[int]], list[int], float | None]] = []
+        self.raise_on_submit: BaseException | None = None  # raised by submit() itself (e.g. QueueFull)
+        self.fail_with: BaseException | None = None  # set as the future's exception
+        self.hold = False  # leave futures pending in self.held
+        self.held: list[concurrent.futures.Future] = []
+        self.start_calls = 0
+        self.stop_grace: float | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.started.is_set() and not self.stopped.is_set()
+
+    def start(self) -> None:
+        self.start_calls += 1
+        self.start_gate.wait()
+        self.started.set()
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = [ord(c) % 1000 for c in text]
+        return [BOS, *ids] if add_special_tokens else ids
+
+    def submit(self, sequences: list[list[int]], label_ids: list[int],
+               deadline: float | None = None) -> concurrent.futures.Future[ScoreResult]:
+        self.submissions.append((sequences, label_ids, deadline))
+        self.submitted.set()
+        if self.raise_on_submit is not None:
+            raise self.raise_on_submit
+        future: concurrent.futures.Future[ScoreResult] = concurrent.futures.Future()
+        if self.hold:
+            self.held.append(future)
+        elif self.fail_with is not None:
+            future.set_exception(self.fail_with)
+        else:
+            future.set_result(self.compute(sequences, label_ids))
+        return future
+
+    @staticmethod
+    def compute(sequences: list[list[int]], label_ids: list[int]) -> ScoreResult:
+        logprobs = np.array([[expected_logprob(len(s), label) for label in label_ids] for s in sequences],
+                            dtype=np.float32)
+        return ScoreResult(logprobs=logprobs, queue_seconds=0.25, device_seconds=0.5)
+
+    def stats(self) -> dict[str, float]:
+        return {"compiles": 12.0, "queue_depth": float(len(self.held)), "device_batches": float(len(self.submissions)),
+                "device_batch_sequences": float(sum(len(s) for s, _, _ in self.submissions))}
+
+    def stop(self, grace_seconds: float) -> None:
+        self.stop_grace = grace_seconds
+        self.stopped.set()

@@ -1,0 +1,160 @@
+"""Every error code of handler.errors.ERRORS, produced over HTTP on both faces, with its table status and type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from handler.engine import DeadlineExceeded, EngineFault, QueueFull
+from handler.errors import ERRORS, INTERNAL_ERROR_MESSAGE, ApiError
+from tests.handler.clients import Reply
+from tests.handler.conftest import FACES, make_settings, score_body, serve
+from tests.handler.fake_engine import FakeEngine
+
+# RFC-006 rows that DESIGN.md makes unreachable (model is optional; the one model is always loaded).
+RESERVED = {"missing_model", "model_not_loaded"}
+
+
+def _score(body: Any = None, *, content: bytes | None = None, headers: dict[str, str] | None = None,
+           setup: Callable[[FakeEngine], None] | None = None, wait_ready: bool = True,
+           **settings: Any) -> Callable[[str, FakeEngine], Reply]:
+    def run(face: str, engine: FakeEngine) -> Reply:
+        if setup is not None:
+            setup(engine)
+        with serve(face, make_settings(**settings), engine, wait_ready=wait_ready) as client:
+            return client.post("/v1/score", json=body, content=content, headers=headers)
+    return run
+
+
+def _request(method: str, path: str, body: Any = None, **settings: Any) -> Callable[[str, FakeEngine], Reply]:
+    def run(face: str, engine: FakeEngine) -> Reply:
+        with serve(face, make_settings(**settings), engine) as client:
+            return client.request(method, path, json=body)
+    return run
+
+
+def _gate(engine: FakeEngine) -> None:
+    engine.start_gate.clear()
+
+
+def _set(attribute: str, value: Any) -> Callable[[FakeEngine], None]:
+    return lambda engine: setattr(engine, attribute, value)
+
+
+def _empty_tokenizer(engine: FakeEngine) -> None:
+    engine.tokenize = lambda text, add_special_tokens=True: []  # type: ignore[method-assign]
+
+
+# code -> (how to produce it, expected param)
+CASES: dict[str, tuple[Callable[[str, FakeEngine], Reply], str | None]] = {
+    "missing_query": (_score(score_body(query=...)), "query"),
+    "empty_query": (_score(score_body(query="")), "query"),
+    "invalid_query_type": (_score(score_body(query=5)), "query"),
+    "missing_items": (_score(score_body(items=...)), "items"),
+    "empty_items": (_score(score_body(items=[])), "items"),
+    "invalid_items_type": (_score(score_body(items="abc")), "items"),
+    "mixed_input_types": (_score(score_body(items=[[1, 2]])), "items"),
+    "missing_label_token_ids": (_score(score_body(label_token_ids=...)), "label_token_ids"),
+    "empty_label_token_ids": (_score(score_body(label_token_ids=[])), "label_token_ids"),
+    "negative_token_id": (_score(score_body(label_token_ids=[5, -1])), "label_token_ids"),
+    "token_id_exceeds_vocab": (_score(score_body(label_token_ids=[5, 1000])), "label_token_ids"),
+    "invalid_label_token_ids_type": (_score(score_body(label_token_ids=7)), "label_token_ids"),
+    "invalid_token_id_type": (_score(score_body(label_token_ids=[7, "8"])), "label_token_ids"),
+    "invalid_apply_softmax_type": (_score(score_body(apply_softmax="true")), "apply_softmax"),
+    "invalid_item_first_type": (_score(score_body(item_first=1)), "item_first"),
+    "model_not_found": (_score(score_body(model="gpt-4")), "model"),
+    "invalid_model_type": (_score(score_body(model=["fake-model"])), "model"),
+    "too_many_items": (_score(score_body(items=["x"] * 9)), "items"),
+    "too_many_labels": (_score(score_body(label_token_ids=list(range(17)))), "label_token_ids"),
+    "empty_sequence": (_score(score_body(), setup=_empty_tokenizer), "items"),
+    "context_length_exceeded": (_score(score_body(query="q" * 70)), "items"),
+    "too_many_tokens": (_score(score_body(items=["x" * 40] * 8)), "items"),
+    "missing_text": (_request("POST", "/v1/tokenize", {"add_special_tokens": True}), "text"),
+    "invalid_text_type": (_request("POST", "/v1/tokenize", {"text": ["a"]}), "text"),
+    "invalid_add_special_tokens_type": (_request("POST", "/v1/tokenize", {"text": "a", "add_special_tokens": "no"}),
+                                        "add_special_tokens"),
+    "invalid_json": (_score(content=b'{"query": '), None),
+    "invalid_body_type": (_score(content=b'["query"]'), None),
+    "invalid_api_key": (_score(score_body(), api_keys=("secret",)), None),
+    "not_found": (_request("GET", "/v1/nothing"), None),
+    "method_not_allowed": (_request("GET", "/v1/score"), None),
+    "request_too_large": (_score(content=b" " * (64 * 1024 + 1)), None),
+    "rate_limit_exceeded": (_score(score_body(), setup=_set("raise_on_submit", QueueFull())), None),
+    "internal_error": (_score(score_body(), setup=_set("fail_with", EngineFault("nan in batch 7"))), None),
+    "server_not_ready": (_score(score_body(), setup=_gate, wait_ready=False), None),
+    "request_timeout": (_score(score_body(), setup=_set("fail_with", DeadlineExceeded())), None),
+}
+
+
+def test_every_code_has_a_case_or_is_reserved() -> None:
+    # invalid_request (malformed HTTP the framework rejects) is produced in test_transport.
+    assert set(ERRORS) == set(CASES) | RESERVED | {"invalid_request"}
+
+
+def test_table_statuses() -> None:
+    assert {code for code, spec in ERRORS.items() if spec.status == 422} == {"token_id_exceeds_vocab"}
+    assert ERRORS["request_too_large"].status == 413
+    assert ERRORS["rate_limit_exceeded"].status == 429
+    assert ERRORS["invalid_api_key"].status == 401
+    assert ERRORS["internal_error"].status == 500
+    assert ERRORS["server_not_ready"].status == ERRORS["request_timeout"].status == 503
+    for code, spec in ERRORS.items():
+        if code not in RESERVED and spec.status < 500 and spec.status not in (401, 404, 405, 413, 422, 429):
+            assert spec.status == 400, code
+
+
+def test_unknown_code_is_a_programming_error() -> None:
+    with pytest.raises(ValueError, match="unknown error code"):
+        ApiError("no_such_code", "message")
+
+
+@pytest.mark.parametrize("face", FACES)
+@pytest.mark.parametrize("code", sorted(CASES))
+def test_code(code: str, face: str) -> None:
+    produce, param = CASES[code]
+    spec = ERRORS[code]
+    reply = produce(face, FakeEngine())
+    assert reply.status == spec.status, reply.body
+    assert reply.json() == {"error": {"message": reply.json()["error"]["message"], "type": spec.type,
+                                      "param": param, "code": code}}
+    if spec.retry_after_s is not None:
+        assert reply.headers["retry-after"] == str(spec.retry_after_s)
+    else:
+        assert "retry-after" not in reply.headers
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_internal_error_says_nothing_of_the_cause(face: str, caplog: pytest.LogCaptureFixture) -> None:
+    reply = CASES["internal_error"][0](face, FakeEngine())
+    assert reply.json()["error"]["message"] == INTERNAL_ERROR_MESSAGE
+    assert b"nan in batch" not in reply.body and b"Traceback" not in reply.body
+    request_id = reply.headers["x-request-id"]
+    logged = [r for r in caplog.records if r.name == "scorefn.handler" and request_id in r.getMessage()]
+    assert logged and logged[0].exc_info is not None  # the details live in the log, with the request id
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_unexpected_exception_anywhere_is_a_generic_500(face: str) -> None:
+    def broken_tokenizer(engine: FakeEngine) -> None:
+        def tokenize(text: str, add_special_tokens: bool = True) -> list[int]:
+            raise RuntimeError("tokenizer exploded at /secret/path")
+        engine.tokenize = tokenize  # type: ignore[method-assign]
+
+    reply = _score(score_body(), setup=broken_tokenizer)(face, FakeEngine())
+    assert reply.status == 500
+    assert reply.json()["error"] == {"message": INTERNAL_ERROR_MESSAGE, "type": "server_error", "param": None,
+                                     "code": "internal_error"}
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_submit_raising_anything_else_is_a_generic_500(face: str) -> None:
+    reply = _score(score_body(), setup=_set("raise_on_submit", RuntimeError("device lost")))(face, FakeEngine())
+    assert reply.status == 500 and reply.json()["error"]["message"] == INTERNAL_ERROR_MESSAGE
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_queue_full_reported_through_the_future_is_429_too(face: str) -> None:
+    reply = _score(score_body(), setup=_set("fail_with", QueueFull()))(face, FakeEngine())
+    assert reply.status == 429 and reply.json()["error"]["code"] == "rate_limit_exceeded"

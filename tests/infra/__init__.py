@@ -1,0 +1,1 @@
+"""Offline checks of the Containerfile, the Terraform (Cloud Run, GKE) and the Kubernetes manifests."""
