@@ -90,11 +90,38 @@ def _config(reader, arch: str, tensor_names: set[str]) -> dict:
     return config
 
 
+def gguf_tokenizer(reader):
+    """transformers' tokenizer for a GGUF file, built from metadata read by the `gguf` package.
+
+    `AutoTokenizer.from_pretrained(..., gguf_file=...)` would do the same but imports PyTorch, which the
+    service does not install; this uses transformers' own GGUF vocabulary conversion without it.
+    """
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (GGUF_TOKENIZER_MAPPING,
+                                                                       convert_gguf_tokenizer)
+
+    def value(key: str):
+        field = reader.fields.get(key)
+        return None if field is None else field.contents()
+
+    tokenizer_dict = {name: value(f"tokenizer.{key}") for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+                      if f"tokenizer.{key}" in reader.fields}
+    config = {name: value(f"tokenizer.{key}") for key, name in GGUF_TOKENIZER_MAPPING["tokenizer_config"].items()
+              if f"tokenizer.{key}" in reader.fields}
+    if tokenizer_dict.get("tokenizer_type") == "llama":
+        config.setdefault("add_bos_token", True)  # llama.cpp's default for sentencepiece vocabularies
+    tokens = tokenizer_dict["tokens"]
+    for name in ("bos", "eos", "unk", "pad"):
+        token_id = tokenizer_dict.get(f"{name}_token_id")
+        config[f"{name}_token"] = tokens[token_id] if token_id is not None else None
+    backend, extra = convert_gguf_tokenizer(value("general.architecture"), tokenizer_dict)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     """Write a Hugging Face directory for `gguf_path` into `out_dir` (atomically); return out_dir."""
     import gguf
     from safetensors.numpy import save_file
-    from transformers import AutoTokenizer
 
     reader = gguf.GGUFReader(str(gguf_path))
     arch = reader.fields["general.architecture"].contents()
@@ -116,8 +143,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     try:
         save_file(tensors, str(staging / "model.safetensors"))
         (staging / "config.json").write_text(json.dumps(config, indent=2))
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        tokenizer.save_pretrained(str(staging))
+        gguf_tokenizer(reader).save_pretrained(str(staging))
         if out_dir.exists():
             shutil.rmtree(out_dir)
         staging.rename(out_dir)

@@ -55,6 +55,7 @@ class Scorer:
         self.hidden_size = self.cfg.hidden_size
         self.device_batches = 0  # forward passes run (for /metrics: mean rows per device batch)
         self.device_rows = 0
+        self.prefix_batches = 0  # of which scored after a shared prefix
 
     # ---- warm-up --------------------------------------------------------------------------------------
 
@@ -123,13 +124,18 @@ class Scorer:
         if not p.prefix_sharing or len(sequences) < 2:
             return 0
         shared = min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
-        longest_rest = max(len(s) for s in sequences) - shared
-        if shared == 0 or longest_rest > p.suffix_lengths[-1]:
+        rests = sorted((len(s) - shared for s in sequences), reverse=True)
+        if shared == 0 or rests[0] > p.suffix_lengths[-1]:
             return 0
-        n = len(sequences)
-        rows = p.suffix_batches[-1]
-        shared_cost = fit(p.lengths, shared) + -(-n // rows) * rows * fit(p.suffix_lengths, longest_rest)
-        full_cost = n * fit(p.lengths, max(len(s) for s in sequences))
+        shared_cost = fit(p.lengths, shared) + sum(
+            fit(p.suffix_batches, len(chunk)) * fit(p.suffix_lengths, chunk[0])
+            for chunk in _chunks(rests, p.suffix_batches[-1]))
+        full_cost = 0
+        lengths = sorted((len(s) for s in sequences), reverse=True)
+        while lengths:
+            bucket = fit(p.lengths, lengths[0])
+            chunk, lengths = lengths[: p.batch_for(bucket)], lengths[p.batch_for(bucket):]
+            full_cost += fit(p.batches, len(chunk)) * bucket
         return shared if shared_cost < full_cost else 0
 
     def _head(self, hidden, rows: list[_Row], jobs: Sequence[Job], batch: int):
@@ -170,9 +176,7 @@ class Scorer:
         rows = sorted((_Row(j, i, seq[shared:]) for i, seq in enumerate(job.sequences)),
                       key=lambda row: len(row.tokens), reverse=True)
         out = []
-        step = p.suffix_batches[-1]
-        for start in range(0, len(rows), step):
-            chunk = rows[start:start + step]
+        for chunk in _chunks(rows, p.suffix_batches[-1]):
             batch = fit(p.suffix_batches, len(chunk))
             length = fit(p.suffix_lengths, len(chunk[0].tokens))
             tokens = np.zeros((batch, length), np.int32)
@@ -182,8 +186,12 @@ class Scorer:
                 last[r] = len(row.tokens) - 1
             hidden = self.exe("hidden_after_context", (context, batch, length),
                               ctx_k, ctx_v, np.int32(shared), tokens, last)
+            self.prefix_batches += 1
             self.device_batches += 1
             self.device_rows += len(chunk)
             out.append((self._head(hidden, chunk, jobs, batch), chunk))
         return out
 
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
