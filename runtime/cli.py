@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model-config", help="config.json of a model to benchmark with random weights")
     bench.add_argument("--skip-http", action="store_true", help="skip W3 (concurrent HTTP clients)")
     bench.add_argument("--skip-torch", action="store_true", help="skip the transformers baseline")
+    bench.add_argument("--json-out", help="also write the full report as JSON to this file")
     bench.set_defaults(func=cmd_bench)
     return parser
 

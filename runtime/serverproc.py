@@ -15,6 +15,19 @@ import sys
 import threading
 import urllib.request
 from collections import deque
+from pathlib import Path
+
+
+# Few, short shape buckets: a server that compiles (or loads from the cache) in seconds, for tests and load runs.
+# The longest sequence it accepts is 64 tokens.
+SMALL_BUCKETS = {
+    "SCOREFN_DTYPE": "float32",
+    "SCOREFN_LENGTH_BUCKETS": "32,64",
+    "SCOREFN_BATCH_BUCKETS": "1,4,16",
+    "SCOREFN_SUFFIX_LENGTH_BUCKETS": "16",
+    "SCOREFN_SUFFIX_BATCH_BUCKETS": "8",
+    "SCOREFN_MAX_LABELS": "64",
+}
 
 
 def free_port() -> int:
@@ -31,7 +44,9 @@ class ServerProcess:
         self._ready = threading.Event()
         self._exited = threading.Event()
         full_env = {**os.environ, **(env or {}), "PORT": str(self.port), "SCOREFN_HOST": "127.0.0.1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--interface", interface],
+        # The console script itself: the same command as `make serve` and the container's ENTRYPOINT.
+        command = [str(Path(sys.executable).with_name("scorefn")), "serve", "--interface", interface]
+        self.proc = subprocess.Popen(command,
                                      env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         threading.Thread(target=self._read, daemon=True).start()
         self.wait_ready(start_timeout)

@@ -115,3 +115,13 @@ def test_containerignore_keeps_what_the_build_copies(needed: str) -> None:
 def test_containerignore_excludes_local_state() -> None:
     ignored = {line.strip() for line in (REPO / ".containerignore").read_text().splitlines()}
     assert {".git", ".venv", ".cache", ".pytest_cache", "tests"} <= ignored
+
+
+def test_make_serve_runs_the_image_entrypoint() -> None:
+    # tests/e2e start exactly this command (runtime.serverproc) and wait for /ready.
+    makefile = (REPO / "Makefile").read_text()
+    serve_recipe = makefile.split("\nserve:")[1].split("\n\n")[0]
+    assert "$(VENV)/bin/scorefn serve" in serve_recipe
+    from runtime import serverproc
+
+    assert '"scorefn"' in (REPO / "runtime" / "serverproc.py").read_text() and serverproc.ServerProcess
