@@ -2,7 +2,7 @@
 
 Serve with `granian --interface asgi handler.asgi:app` (or `--factory handler.asgi:create_app`).
 The lifespan warms the engine up in a worker thread, so /health answers and /ready says 503 meanwhile;
-on shutdown it drains (/ready 503) and stops the engine within drain_grace_s.
+on SIGTERM (or shutdown) it drains (/ready 503) and stops the engine within drain_grace_s.
 Litestar keeps the OpenAPI schema and docs under /schema; every error, its own 404/405 included, is
 answered with the RFC-006 envelope.
 """
@@ -30,7 +30,7 @@ from handler.core import ENDPOINTS, Endpoint, ScoringCore
 from handler.engine import ScoringEngine
 from handler.errors import ERRORS, ApiError, internal_error
 from handler.http import JSON, HttpRequest, HttpResponse, PendingScore
-from handler.lifecycle import shut_down, warm_up
+from handler.lifecycle import Drain, warm_up
 from handler.logs import configure_logging
 from runtime.settings import Settings, load_settings
 
@@ -41,18 +41,26 @@ _INLINE_BODY_BYTES = 64 * 1024
 _INLINE_SCORES = 16 * 1024
 
 
-def create_app(settings: Settings | None = None, engine: ScoringEngine | None = None) -> Litestar:
-    """The app; without an engine, the lifespan builds one with runtime.engine.build_engine(settings)."""
+def create_app(settings: Settings | None = None, engine: ScoringEngine | None = None, *,
+               drain_on_sigterm: bool = False) -> Litestar:
+    """The app; without an engine, the lifespan builds one with runtime.engine.build_engine(settings).
+
+    `drain_on_sigterm`: the lifespan hooks SIGTERM (chaining the server's handler) to start draining at once
+    (the served module-level `app` does; apps built in tests leave the process's signals alone).
+    """
     settings = settings or load_settings()
     core = ScoringCore(settings, engine)
+    drain = Drain(core)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        if drain_on_sigterm and not drain.on_sigterm():
+            log.warning("could not hook SIGTERM; draining starts when the server shuts the app down")
         warmup = asyncio.create_task(asyncio.to_thread(warm_up, core))
         try:
             yield
         finally:
-            await asyncio.to_thread(shut_down, core)
+            await asyncio.to_thread(drain)
             warmup.cancel()  # if still running, its thread finishes on its own; nothing waits for it
             with contextlib.suppress(asyncio.CancelledError):
                 await warmup
@@ -142,7 +150,7 @@ def _operation_class(endpoint: Endpoint) -> type[Operation]:
         request_body = RequestBody(required=True, content={
             JSON: OpenAPIMediaType(schema=schemas.openapi_schema(endpoint.request))})  # type: ignore[arg-type]
     responses = {"200": _response_doc("OK", endpoint.response)}
-    if endpoint.response is schemas.ScoreResponse:
+    if endpoint.response in (schemas.ScoreResponse, schemas.ClassifyResponse):
         responses["200"].headers = _TIMING_HEADERS  # type: ignore[assignment]
     for status in endpoint.errors:
         responses[str(status)] = _response_doc(
@@ -183,6 +191,6 @@ def __getattr__(name: str) -> Any:
     # sends the scorefn loggers to stdout as JSON, which importing the module (e.g. in tests) must not do.
     if name == "app":
         configure_logging()
-        globals()["app"] = built = create_app()
+        globals()["app"] = built = create_app(drain_on_sigterm=True)
         return built
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 Scoring is asynchronous (engine.submit returns a concurrent.futures.Future), so a request takes two steps:
 
-    outcome = core.begin(request)            # HttpResponse, or PendingScore for an accepted /v1/score
+    outcome = core.begin(request)            # HttpResponse, or PendingScore for an accepted /v1/score or /v1/classify
     if isinstance(outcome, PendingScore):    # ASGI: await asyncio.wrap_future(...); WSGI: .result()
         outcome = core.finish(outcome, result_or_exception)
 
@@ -23,6 +23,8 @@ import numpy as np
 import scipy.special
 
 from handler import schemas
+from handler.classify import ClassifyJob, classify_response, model_cards, require_language_model, \
+    validate_classify_request
 from handler.engine import DeadlineExceeded, QueueFull, ScoreResult, ScoringEngine
 from handler.errors import ApiError, internal_error
 from handler.http import (HttpRequest, HttpResponse, PendingScore, error_response, json_response, request_id_of,
@@ -48,6 +50,8 @@ class Endpoint:
 ENDPOINTS: dict[str, Endpoint] = {
     "/v1/score": Endpoint("POST", "Score label tokens after query + item, per item",
                           schemas.ScoreRequest, schemas.ScoreResponse, (400, 401, 413, 422, 429, 500, 503)),
+    "/v1/classify": Endpoint("POST", "Classify inputs (vLLM's classification API)",
+                             schemas.ClassifyRequest, schemas.ClassifyResponse, (400, 401, 413, 422, 429, 500, 503)),
     "/v1/tokenize": Endpoint("POST", "Tokenize text (check that a label is a single token)",
                              schemas.TokenizeRequest, schemas.TokenizeResponse, (400, 401, 413, 500, 503)),
     "/v1/models": Endpoint("GET", "List the served model", None, schemas.ModelList, (401, 503)),
@@ -95,7 +99,10 @@ class ScoringCore:
         try:
             if isinstance(outcome, BaseException):
                 raise self._engine_error(pending.request_id, outcome)
-            response = self._scored(pending.job, outcome)
+            if isinstance(pending.job, ClassifyJob):
+                response = self._classified(pending.job, outcome)
+            else:
+                response = self._scored(pending.job, outcome)
         except ApiError as error:
             response = error_response(error)
         except Exception as exc:  # building the response failed: a bug, or a result of the wrong shape
@@ -137,6 +144,8 @@ class ScoringCore:
             self._authenticate(request)
         if path == "/v1/score":
             return self._score(request, request_id)
+        if path == "/v1/classify":
+            return self._classify(request, request_id)
         if path == "/v1/tokenize":
             return self._tokenize(request)
         if path == "/v1/models":
@@ -183,10 +192,11 @@ class ScoringCore:
         body = self._body(request)
         engine = self._require_ready()
         score_request = decode_body(schemas.SCORE_REQUEST_DECODER, body)
+        require_language_model(engine)
         job = validate_score_request(score_request, engine, self.settings)
         deadline = time.monotonic() + self.settings.request_timeout_s
         try:
-            future = engine.submit(job.sequences, job.label_ids, deadline)
+            future = engine.submit(job.sequences, job.label_ids, deadline, request_id=request_id)
         except Exception as exc:
             raise self._engine_error(request_id, exc) from None
         return PendingScore(request, request_id, job, future)
@@ -205,6 +215,22 @@ class ScoringCore:
         self.metrics.observe_scored(len(job.sequences), job.n_tokens, result.queue_seconds, result.device_seconds)
         return json_response(200, body)
 
+    def _classify(self, request: HttpRequest, request_id: str) -> PendingScore:
+        body = self._body(request)
+        engine = self._require_ready()
+        job = validate_classify_request(decode_body(schemas.CLASSIFY_REQUEST_DECODER, body), engine, self.settings)
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        try:
+            future = engine.submit(job.sequences, job.label_ids, deadline, request_id=request_id)
+        except Exception as exc:
+            raise self._engine_error(request_id, exc) from None
+        return PendingScore(request, request_id, job, future)
+
+    def _classified(self, job: ClassifyJob, result: ScoreResult) -> HttpResponse:
+        body = classify_response(job, result)
+        self.metrics.observe_scored(len(job.sequences), job.n_tokens, result.queue_seconds, result.device_seconds)
+        return json_response(200, body)
+
     def _tokenize(self, request: HttpRequest) -> HttpResponse:
         body = self._body(request)
         engine = self._require_ready()
@@ -215,8 +241,7 @@ class ScoringCore:
     def _models(self) -> HttpResponse:
         if self.engine is None:
             raise ApiError("server_not_ready", "The model is loading; retry shortly.")
-        card = schemas.ModelCard(id=self.engine.model_id, created=self._started_at)
-        return json_response(200, schemas.ModelList(data=[card]))
+        return json_response(200, schemas.ModelList(data=model_cards(self.engine, self._started_at)))
 
     # -- outcome -------------------------------------------------------------------------------------------
 
@@ -235,12 +260,12 @@ class ScoringCore:
         return internal_error()
 
     def _complete(self, request: HttpRequest, request_id: str, response: HttpResponse,
-                  job: ScoreJob | None = None, result: ScoreResult | None = None) -> HttpResponse:
+                  job: ScoreJob | ClassifyJob | None = None, result: ScoreResult | None = None) -> HttpResponse:
         total = time.perf_counter() - request.started
         path = _normalized(request.path)
         endpoint = ENDPOINTS.get(path)
         headers = [("x-request-id", request_id)]
-        if path == "/v1/score":  # timing headers, in seconds (see handler.http.seconds)
+        if path in ("/v1/score", "/v1/classify"):  # timing headers, in seconds (see handler.http.seconds)
             if result is not None:
                 headers += [("x-queue-time", seconds(result.queue_seconds)),
                             ("x-device-time", seconds(result.device_seconds))]

@@ -8,6 +8,8 @@ from typing import Protocol
 
 import numpy as np
 
+from runtime.classifiers import Classifier  # pure Python, like runtime.settings
+
 
 @dataclasses.dataclass(frozen=True)
 class ScoreResult:
@@ -36,6 +38,8 @@ class ScoringEngine(Protocol):
     model_id: str
     vocab_size: int  # logit dimension: valid token IDs are 0 .. vocab_size - 1
     max_sequence_length: int  # largest length bucket
+    task: str  # "causal_lm" (/v1/score and verbalizer classifiers) or "sequence_classification" (/v1/classify only)
+    classifiers: tuple[Classifier, ...]  # what /v1/classify serves, the first one by default (known once ready)
 
     @property
     def ready(self) -> bool:
@@ -46,11 +50,12 @@ class ScoringEngine(Protocol):
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def submit(self, sequences: list[list[int]], label_ids: list[int],
-               deadline: float | None = None) -> concurrent.futures.Future[ScoreResult]:
+    def submit(self, sequences: list[list[int]], label_ids: list[int], deadline: float | None = None,
+               request_id: str | None = None) -> concurrent.futures.Future[ScoreResult]:
         """Queue sequences for scoring; raises QueueFull at once when the queue is full.
 
         `deadline` is a time.monotonic() value after which the work is dropped (DeadlineExceeded).
+        `request_id` names the request in the engine's logs (e.g. when its device batch fails).
         Every sequence is non-empty and no longer than max_sequence_length; every ID is in range.
         """
 

@@ -52,6 +52,17 @@ ERRORS: dict[str, ErrorSpec] = {
     "missing_text": ErrorSpec(400, "missing_parameter_error"),  # /v1/tokenize
     "invalid_text_type": ErrorSpec(400, "invalid_request_error"),
     "invalid_add_special_tokens_type": ErrorSpec(400, "invalid_request_error"),
+    # /v1/classify (token IDs in `input` use negative_token_id / token_id_exceeds_vocab, lengths the rows above)
+    "missing_input": ErrorSpec(400, "missing_parameter_error"),
+    "empty_input": ErrorSpec(400, "invalid_value_error"),
+    "invalid_input_type": ErrorSpec(400, "invalid_request_error"),
+    "invalid_truncate_prompt_tokens_type": ErrorSpec(400, "invalid_request_error"),
+    "invalid_truncate_prompt_tokens": ErrorSpec(400, "invalid_value_error"),
+    "invalid_use_activation_type": ErrorSpec(400, "invalid_request_error"),
+    "invalid_user_type": ErrorSpec(400, "invalid_request_error"),
+    "invalid_rid_type": ErrorSpec(400, "invalid_request_error"),
+    "invalid_priority_type": ErrorSpec(400, "invalid_request_error"),
+    "model_not_supported": ErrorSpec(400, "model_error"),  # the served model cannot answer this endpoint
     # Transport
     "invalid_json": ErrorSpec(400, "invalid_request_error"),
     "invalid_body_type": ErrorSpec(400, "invalid_request_error"),

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Mapping
 import msgspec
 
+from handler.classify import ClassifyJob
 from handler.errors import ApiError
 from handler.schemas import ENCODER, ErrorBody, ErrorEnvelope
 from handler.validation import ScoreJob
@@ -39,10 +40,10 @@ class HttpResponse:
 
 @dataclasses.dataclass(frozen=True)
 class PendingScore:
-    """A /v1/score request handed to the engine; the face waits on `future`, then calls core.finish."""
+    """A /v1/score or /v1/classify request handed to the engine; the face waits on `future`, then calls core.finish."""
     request: HttpRequest
     request_id: str
-    job: ScoreJob
+    job: ScoreJob | ClassifyJob
     future: concurrent.futures.Future
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 
@@ -45,6 +46,54 @@ def shut_down(core: ScoringCore) -> None:
     if core.engine is not None:
         core.engine.stop(core.settings.drain_grace_s)
         log.info("stopped")
+
+
+class Drain:
+    """Runs shut_down(core) once, started by SIGTERM or by the server's own shutdown, whichever comes first.
+
+    The server (granian) stops accepting on SIGTERM but runs the ASGI lifespan shutdown only after its last
+    connection is done, so without this the grace period would start too late: the SIGTERM hook turns /ready
+    to 503 at once and starts the engine's grace period, after which still-queued work is answered 503.
+    """
+
+    def __init__(self, core: ScoringCore) -> None:
+        self._core = core
+        self._lock = threading.Lock()
+        self._done = False
+        self._signalled = threading.Event()
+
+    def __call__(self) -> None:
+        """Drain now (blocking); a second caller waits for the first one's drain to end."""
+        with self._lock:
+            if not self._done:
+                shut_down(self._core)
+                self._done = True
+
+    def on_sigterm(self) -> bool:
+        """Drain when this process gets SIGTERM, then call the handler installed before (the server's).
+
+        Only the main thread can set signal handlers; returns whether the hook was installed.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        previous = signal.getsignal(signal.SIGTERM)
+        if not callable(previous):  # default action or ignored: nobody would stop the server after the drain
+            return False
+        # The handler runs between two bytecodes of the main thread: it only flips flags; a thread drains.
+        threading.Thread(target=self._drain_when_signalled, name="scorefn-drain", daemon=True).start()
+
+        def handler(signum: int, frame: object) -> None:
+            self._core.start_draining()
+            self._signalled.set()
+            previous(signum, frame)
+
+        signal.signal(signal.SIGTERM, handler)
+        return True
+
+    def _drain_when_signalled(self) -> None:
+        self._signalled.wait()
+        log.info("SIGTERM: draining for up to %g s", self._core.settings.drain_grace_s)
+        self()
 
 
 class BackgroundWarmup:

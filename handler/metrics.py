@@ -62,9 +62,9 @@ class Metrics:
                                     buckets=_LATENCY_BUCKETS, registry=r)
         self.device_time = Histogram("scorefn_device_seconds", "Device time of the batches computing a request.",
                                      buckets=_LATENCY_BUCKETS, registry=r)
-        self.items_per_request = Histogram("scorefn_items_per_request", "Items in a successful /v1/score request.",
+        self.items_per_request = Histogram("scorefn_items_per_request", "Items (/v1/classify: inputs) in a successful request.",
                                            buckets=_ITEM_BUCKETS, registry=r)
-        self.items = Counter("scorefn_items_scored", "Items scored.", registry=r)
+        self.items = Counter("scorefn_items_scored", "Items (and /v1/classify inputs) scored.", registry=r)
         self.tokens = Counter("scorefn_tokens_scored", "Tokens in scored sequences.", registry=r)
         r.register(EngineStatsCollector(get_engine))
 

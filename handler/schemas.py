@@ -3,7 +3,7 @@
 Request structs hold their fields as `msgspec.Raw` (the field's JSON text, undecoded): msgspec cannot decode
 `list[str] | list[list[int]]`, and RFC-006 wants each field's own error code in a fixed order, so
 handler.validation decodes the fields one by one. Their `extra_json_schema` documents the real types for OpenAPI.
-Unknown fields are ignored (msgspec's default).
+Unknown fields are ignored (msgspec's default); an optional field given as null counts as absent.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     )] = msgspec.UNSET
     apply_softmax: Annotated[msgspec.Raw, _doc(
         "false: log P(label | sequence) over the full vocabulary; true: softmax over the labels, per item.",
-        type="boolean", default=False,
+        type=["boolean", "null"], default=False,
     )] = msgspec.UNSET
     item_first: Annotated[msgspec.Raw, _doc(
-        "Score item + query instead of query + item.", type="boolean", default=False,
+        "Score item + query instead of query + item.", type=["boolean", "null"], default=False,
     )] = msgspec.UNSET
     model: Annotated[msgspec.Raw, _doc(
-        "The served model's id (GET /v1/models); omitted or null: the served model.", type="string",
+        "The served model's id (GET /v1/models); omitted or null: the served model.", type=["string", "null"],
     )] = msgspec.UNSET
 
 
@@ -64,7 +64,7 @@ class ScoreResponse(msgspec.Struct, frozen=True, kw_only=True):
 class TokenizeRequest(msgspec.Struct, frozen=True, kw_only=True):
     text: Annotated[msgspec.Raw, _doc("Text to tokenize.", type="string")] = msgspec.UNSET
     add_special_tokens: Annotated[msgspec.Raw, _doc(
-        "Add the tokenizer's special tokens (e.g. BOS).", type="boolean", default=False,
+        "Add the tokenizer's special tokens (e.g. BOS).", type=["boolean", "null"], default=False,
     )] = msgspec.UNSET
 
 
@@ -73,11 +73,56 @@ class TokenizeResponse(msgspec.Struct, frozen=True, kw_only=True):
     count: int
 
 
+class ClassifyRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """vLLM's classification request (handler.classify validates it)."""
+    input: Annotated[msgspec.Raw, _doc(
+        "What to classify: a text, a list of texts, token IDs, or a list of token-ID lists (none empty).",
+        anyOf=[{"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1},
+                                                    "minItems": 1},
+               {**TOKEN_IDS, "minItems": 1}, {"type": "array", "items": {**TOKEN_IDS, "minItems": 1}, "minItems": 1}],
+    )] = msgspec.UNSET
+    model: Annotated[msgspec.Raw, _doc(
+        "A classifier's id (GET /v1/models); omitted or null: the first one.", type=["string", "null"],
+    )] = msgspec.UNSET
+    truncate_prompt_tokens: Annotated[msgspec.Raw, _doc(
+        "Keep only the last N tokens of each prompt; -1: the longest supported length. Omitted: never truncate.",
+        type=["integer", "null"], minimum=-1,
+    )] = msgspec.UNSET
+    use_activation: Annotated[msgspec.Raw, _doc(
+        "true: probabilities (softmax; sigmoid for one-label and multi-label heads); false: raw scores.",
+        type=["boolean", "null"], default=True,
+    )] = msgspec.UNSET
+    user: Annotated[msgspec.Raw, _doc("Accepted for compatibility; ignored.", type=["string", "null"])] = msgspec.UNSET
+    rid: Annotated[msgspec.Raw, _doc("Accepted for compatibility; ignored.", type=["string", "null"])] = msgspec.UNSET
+    priority: Annotated[msgspec.Raw, _doc("Accepted for compatibility; ignored.",
+                                          type=["integer", "null"])] = msgspec.UNSET
+
+
+class ClassifyData(msgspec.Struct, frozen=True, kw_only=True):
+    index: int  # position in the request's input list
+    label: str  # the label with the highest score
+    probs: list[float]  # one per label, in the classifier's label order
+    num_classes: int
+
+
+class ClassifyResponse(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    object: str = "list"
+    created: int
+    model: str  # the classifier's id
+    data: list[ClassifyData]
+    usage: Usage
+
+
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     object: str = "model"
     created: int
     owned_by: str = "scorefn"
+    # Classifiers only (GET /v1/models lists the served model, then each classifier):
+    parent: str | msgspec.UnsetType = msgspec.UNSET  # the served model a prompt-verbalizer classifier runs on
+    task: str | msgspec.UnsetType = msgspec.UNSET  # "classify"
+    labels: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ModelList(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,11 +149,13 @@ class ErrorEnvelope(msgspec.Struct, frozen=True, kw_only=True):
 ENCODER = msgspec.json.Encoder()
 SCORE_REQUEST_DECODER = msgspec.json.Decoder(ScoreRequest)
 TOKENIZE_REQUEST_DECODER = msgspec.json.Decoder(TokenizeRequest)
+CLASSIFY_REQUEST_DECODER = msgspec.json.Decoder(ClassifyRequest)
 
 # Fields the request structs treat as optional only so that validation can say which one is missing.
 REQUIRED_FIELDS: dict[type, tuple[str, ...]] = {
     ScoreRequest: ("query", "items", "label_token_ids"),
     TokenizeRequest: ("text",),
+    ClassifyRequest: ("input",),
 }
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from runtime.settings import load_settings
 
-QUERY = "Review: the hotel room was clean, quiet and close to the station. Sentiment:"
+QUERY = "Review: the room was clean and close to the station. Sentiment:"  # 15 tokens
 ITEMS = [f" The {adj} staff {verb} us at the {place}." for adj, verb, place in zip(
     ["friendly", "rude", "busy", "calm", "young", "old", "kind", "tired"] * 4,
     ["greeted", "ignored", "helped", "thanked", "welcomed", "served", "called", "found"] * 4,
@@ -189,8 +189,9 @@ def main(args: argparse.Namespace) -> int:
     from runtime.loader import load_tokenizer, resolve_model_dir
 
     settings = load_settings()
-    quick = args.quick
-    repeats = 5 if quick else 20
+    smoke = getattr(args, "smoke", False)  # the test suite's run: every code path, minimal sizes
+    quick = args.quick or smoke
+    repeats = 2 if smoke else 5 if quick else 20
     report: dict = {"dtype": settings.dtype, "cpus": os.cpu_count()}
     tmp = tempfile.TemporaryDirectory(prefix="scorefn-bench-")
     embedded_dir, _ = resolve_model_dir("", settings.cache_dir)
@@ -228,14 +229,14 @@ def main(args: argparse.Namespace) -> int:
         print(line, flush=True)
     report["w1"] = rows
 
-    query_tokens, n_items = (2000, 500) if args.model_config and not quick else (1000, 100)
+    query_tokens, n_items = (2000, 500) if args.model_config and not quick else (200, 10) if smoke else (1000, 100)
     w2_sequences, w2_labels = w2_request(tokenizer, vocab, query_tokens, n_items, 20)
     w2_flops = sequence_flops(cfg, query_tokens) + n_items * sequence_flops(cfg, 20, query_tokens)
     w2 = summarize(timed_runs(lambda: scorer.score(w2_sequences, w2_labels), 2 if quick else 3), n_items)
     w2["gflops"] = w2_flops * w2["items_per_s"] / n_items / 1e9
     report["w2"] = {"query_tokens": query_tokens, "items": n_items, "scorefn": w2}
     line = f"W2 {query_tokens}-token query x {n_items} items: scorefn {w2['items_per_s']:.1f} items/s"
-    subset = 8 if quick else 20  # the baseline's cost is linear in items (no sharing): time a subset
+    subset = 2 if smoke else 8 if quick else 20  # the baseline's cost is linear in items (no sharing): a subset
     for dt, baseline in baselines.items():
         report["w2"][f"torch_{dt}"] = summarize(
             timed_runs(lambda: baseline.score(w2_sequences[:subset], w2_labels), 1, warmup=0), subset)
@@ -246,7 +247,7 @@ def main(args: argparse.Namespace) -> int:
         env = {"SCOREFN_LENGTH_BUCKETS": "32,64", "SCOREFN_BATCH_BUCKETS": "1,2,4,8,16,32",
                "SCOREFN_SUFFIX_LENGTH_BUCKETS": "16", "SCOREFN_SUFFIX_BATCH_BUCKETS": "8",
                "SCOREFN_MAX_LABELS": "16", "SCOREFN_DTYPE": settings.dtype}
-        report["w3"] = run_w3(4.0 if quick else 15.0, 32, env)
+        report["w3"] = run_w3(1.0 if smoke else 4.0 if quick else 15.0, 32, env)
         for name, row in report["w3"].items():
             print(f"W3 {name:10}: {row['items_per_s']:7.1f} items/s p50 {row['p50_ms']:7.1f} ms "
                   f"p99 {row['p99_ms']:7.1f} ms mean device batch {row['mean_device_batch']:.1f}", flush=True)

@@ -29,6 +29,7 @@ class BucketPlan:
     batches: tuple[int, ...]
     max_tokens: int  # a (batch, length) bucket holds at most this many tokens (batch 1 always exists)
     labels: tuple[int, ...]  # label-count buckets of the vocabulary head
+    context_lengths: tuple[int, ...]  # shared-prefix lengths
     suffix_lengths: tuple[int, ...]  # item lengths after a shared prefix
     suffix_batches: tuple[int, ...]
     prefix_sharing: bool
@@ -51,13 +52,13 @@ class BucketPlan:
         return [(b, t) for t in self.lengths for b in self.batches if b <= self.batch_for(t)]
 
     def contexts(self) -> list[int]:
-        return list(self.lengths) if self.prefix_sharing else []
+        return [c for c in self.context_lengths if c <= self.max_length] if self.prefix_sharing else []
 
     def continuations(self) -> list[tuple[int, int, int]]:
         """(context, batch, length) buckets of scoring after a shared prefix."""
         if not self.prefix_sharing:
             return []
-        return [(c, b, s) for c in self.lengths for b in self.suffix_batches for s in self.suffix_lengths]
+        return [(c, b, s) for c in self.contexts() for b in self.suffix_batches for s in self.suffix_lengths]
 
     def heads(self) -> list[tuple[int, int]]:
         """(batch, labels) buckets of the vocabulary head."""

@@ -103,6 +103,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
+def cmd_coldstart(args: argparse.Namespace) -> int:
+    from runtime.coldstart import main as coldstart_main
+
+    return coldstart_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scorefn", description="Prefill-only LLM scoring in JAX.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -127,9 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("prepare", help="convert the model into the cache directory and exit").set_defaults(
         func=cmd_prepare)
     sub.add_parser("settings", help="list every setting with its default").set_defaults(func=cmd_settings)
+    sub.add_parser("coldstart", help="measure start to /ready with an empty and a warm compile cache").set_defaults(
+        func=cmd_coldstart)
 
     bench = sub.add_parser("bench", help="benchmark against transformers (PyTorch) on this machine")
     bench.add_argument("--quick", action="store_true", help="a run under two minutes")
+    bench.add_argument("--smoke", action="store_true", help="every workload at minimal size (the test suite's run)")
     bench.add_argument("--model-config", help="config.json of a model to benchmark with random weights")
     bench.add_argument("--skip-http", action="store_true", help="skip W3 (concurrent HTTP clients)")
     bench.add_argument("--skip-torch", action="store_true", help="skip the transformers baseline")

@@ -52,6 +52,7 @@ class ModelConfig:
     num_labels: int = 0  # sequence classification heads
     id2label: tuple[str, ...] = ()
     pad_token_id: int | None = None
+    problem_type: str | None = None  # sequence classification: "multi_label_classification" reads with sigmoid
 
     @property
     def kv_groups(self) -> int:
@@ -148,6 +149,7 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             num_labels=num_labels, id2label=id2label,
             pad_token_id=raw.get("pad_token_id") if isinstance(raw.get("pad_token_id"), int) else None,
+            problem_type=raw.get("problem_type") if isinstance(raw.get("problem_type"), str) else None,
         )
     except KeyError as exc:
         raise ModelConfigError(f"{arch}: config.json lacks required field {exc.args[0]!r}") from exc

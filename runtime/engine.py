@@ -18,6 +18,7 @@ import numpy as np
 
 from handler.engine import DeadlineExceeded, EngineFault, QueueFull, ScoreResult
 from runtime.buckets import BucketPlan, label_buckets
+from runtime.classifiers import Classifier, build_classifiers
 from runtime.loader import default_model_id
 from runtime.settings import Settings, load_settings
 
@@ -33,12 +34,14 @@ class _Request:
     deadline: float | None
     submitted: float
     future: concurrent.futures.Future
+    request_id: str | None = None  # the HTTP request's id, for logs
 
 
 def bucket_plan(settings: Settings) -> BucketPlan:
     return BucketPlan(
         lengths=settings.length_buckets, batches=settings.batch_buckets, max_tokens=settings.max_bucket_tokens,
-        labels=label_buckets(settings.max_labels), suffix_lengths=settings.suffix_length_buckets,
+        labels=label_buckets(settings.max_labels), context_lengths=settings.context_buckets,
+        suffix_lengths=settings.suffix_length_buckets,
         suffix_batches=settings.suffix_batch_buckets, prefix_sharing=settings.prefix_sharing)
 
 
@@ -49,6 +52,8 @@ class Engine:
         self.max_sequence_length = self.plan.max_length
         self.model_id = self.settings.model_id or default_model_id(self.settings.model)
         self.vocab_size = 0  # known once the model is loaded
+        self.task = "causal_lm"  # known once the model is loaded: causal_lm | sequence_classification
+        self.classifiers: tuple[Classifier, ...] = ()  # what /v1/classify serves, checked at start-up
         self.config = None
         self.scorer = None
         self.tokenizer = None
@@ -66,16 +71,23 @@ class Engine:
         return self._ready.is_set() and not self._stopping
 
     def start(self) -> None:
-        from runtime import executables
-        from runtime.loader import load_model, load_tokenizer
+        from runtime import PROCESS_STARTED
 
         started = time.perf_counter()
+        boot_seconds = time.monotonic() - PROCESS_STARTED  # interpreter, server and app imports
+        from runtime import executables  # JAX, Flax, transformers: the heavy imports
+        from runtime.loader import load_model, load_tokenizer
+
         executables.enable_persistent_cache(self.settings.xla_cache_dir)
         import_seconds = time.perf_counter() - started
         loaded = load_model(self.settings.model, self.settings.cache_dir, self.settings.model_id)
         self.config, self.model_id = loaded.cfg, loaded.model_id
         self.vocab_size = loaded.cfg.logit_dim if loaded.cfg.task == "causal_lm" else loaded.cfg.vocab_size
         self.tokenizer = load_tokenizer(loaded.model_dir)
+        self.task = loaded.cfg.task
+        # Verbalizers are checked against the tokenizer before compiling: a bad declaration fails the start fast.
+        self.classifiers = build_classifiers(self.settings.classifiers, loaded.cfg, self.model_id, self.tokenizer,
+                                             self.plan.max_labels)
         self.scorer = self._build_scorer(loaded)
         load_seconds = time.perf_counter() - started - import_seconds
 
@@ -83,22 +95,35 @@ class Engine:
         before = executables.cache_events()
         total = self.scorer.compile_all(self._log_progress)
         after = executables.cache_events()
-        self.timings = {"import_s": import_seconds, "load_s": load_seconds,
+        self.timings = {"boot_s": boot_seconds, "import_s": import_seconds, "load_s": load_seconds,
                         "compile_s": time.perf_counter() - compile_started, "buckets": total,
                         "cache_hits": after["hits"] - before["hits"],
                         "cache_misses": after["misses"] - before["misses"]}
         log.info("warm-up done: %d buckets in %.1f s (persistent cache: %d hits, %d misses)", total,
-                 self.timings["compile_s"], self.timings["cache_hits"], self.timings["cache_misses"])
+                 self.timings["compile_s"], self.timings["cache_hits"], self.timings["cache_misses"],
+                 extra={"json_fields": {"timings": self.timings}})
+        self.start_with(self.scorer)
+
+    def start_with(self, scorer) -> None:
+        """Serve with a scorer that is ready to run (start() passes its warmed-up one; fault tests a stub)."""
+        self.scorer = scorer
         self._thread = threading.Thread(target=self._device_loop, name="scorefn-device", daemon=True)
         self._thread.start()
         self._ready.set()
 
     def _build_scorer(self, loaded):
+        from runtime.executables import Executables
         from runtime.model import Llama
         from runtime.scorer import Scorer
+        from runtime.sharding import build_layout
 
-        model = Llama(loaded.cfg, loaded.arrays, self.settings.dtype)
-        return Scorer(model, self.plan)
+        # SCOREFN_MESH; a bad layout (MeshError) stops the start here, before any compilation.
+        layout = build_layout(self.settings.mesh, loaded.cfg, self.plan)
+        if layout is None:  # one device: the unsharded runtime, unchanged
+            return Scorer(Llama(loaded.cfg, loaded.arrays, self.settings.dtype), self.plan)
+        with layout.staging():
+            model = Llama(loaded.cfg, loaded.arrays, self.settings.dtype)
+        return Scorer(model, self.plan, executables=Executables(model, shardings=layout))
 
     def _log_progress(self, i: int, n: int, name: str, seconds: float) -> None:
         log.info("compiled bucket %d/%d %s in %.2f s", i, n, name, seconds)
@@ -111,22 +136,39 @@ class Engine:
         deadline = time.monotonic() + grace_seconds
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.01)  # draining is bounded by the grace period
+        self._cancel_queued()
         try:
             self._queue.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
         except queue.Full:
             pass
         self._thread.join(timeout=max(0.1, deadline - time.monotonic()))
 
+    def _cancel_queued(self) -> None:
+        """After the grace period, work still queued is cancelled: its clients get 503, not a dropped connection."""
+        cancelled = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP and item.future.cancel():
+                cancelled.append(item.request_id)
+            self._queue.task_done()
+        if cancelled:
+            log.warning("drain grace period over: cancelled %d queued requests (request ids: %s)", len(cancelled),
+                        ", ".join(map(str, cancelled)), extra={"json_fields": {"request_ids": cancelled}})
+
     # ---- the interface the handler uses -------------------------------------------------------------
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def submit(self, sequences, label_ids, deadline: float | None = None) -> concurrent.futures.Future:
+    def submit(self, sequences, label_ids, deadline: float | None = None,
+               request_id: str | None = None) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         if self._stopping:
             raise QueueFull("the server is shutting down")
-        request = _Request(sequences, label_ids, deadline, time.monotonic(), future)
+        request = _Request(sequences, label_ids, deadline, time.monotonic(), future, request_id)
         try:
             self._queue.put_nowait(request)
         except queue.Full:
@@ -201,7 +243,9 @@ class Engine:
         try:
             results = self.scorer.score_jobs([Job(r.sequences, r.label_ids) for r in live])
         except Exception:
-            log.exception("device round of %d requests failed", len(live))
+            ids = [r.request_id for r in live]
+            log.exception("device round of %d requests failed (request ids: %s)", len(live), ", ".join(map(str, ids)),
+                          extra={"json_fields": {"request_ids": ids}})
             for request in live:
                 request.future.set_exception(EngineFault("the device batch failed"))
             return
@@ -210,7 +254,8 @@ class Engine:
         self._counters["round_sequences"] += sum(len(r.sequences) for r in live)
         for request, logprobs in zip(live, results):
             if not np.all(np.isfinite(logprobs)):
-                log.error("non-finite scores for a request of %d sequences", len(request.sequences))
+                log.error("non-finite scores for request %s (%d sequences)", request.request_id,
+                          len(request.sequences), extra={"json_fields": {"request_ids": [request.request_id]}})
                 request.future.set_exception(EngineFault("the model produced non-finite scores"))
                 continue
             request.future.set_result(ScoreResult(logprobs, now - request.submitted, device_seconds))

@@ -74,8 +74,11 @@ class Executables:
     def __init__(self, model: nnx.Module, shardings: "Any | None" = None, lazy: bool = False):
         self.graphdef, self.state = nnx.split(model)
         self.lazy = lazy  # compile a missing bucket on first use: for one-shot CLI runs, never for serving
-        self.shardings = shardings  # runtime.sharding.Layout or None (single device)
+        self.shardings = shardings  # runtime.sharding.Layout or None (single device: no sharding at all)
+        if shardings is not None:
+            self.state = shardings.put_state(self.state)  # every parameter placed with its sharding, once
         self._compiled: dict[tuple, jax.stages.Compiled] = {}
+        self._lock = threading.Lock()
         self.compiles = 0  # executables compiled (or loaded from the persistent cache) by this object
 
     def _entry(self, method: str) -> Callable:
@@ -86,13 +89,23 @@ class Executables:
             return getattr(model, method)(*args)
         return run
 
+    def lower(self, method: str, *example_args: jax.ShapeDtypeStruct) -> jax.stages.Lowered:
+        """Trace `method` for the given argument shapes (Python-bound: one thread at a time)."""
+        jitted = jax.jit(self._entry(method)) if self.shardings is None else self.shardings.jit(
+            self._entry(method), method, self.state, example_args)
+        return jitted.lower(abstract(self.state), *example_args)
+
+    def add(self, method: str, key: tuple, lowered: jax.stages.Lowered) -> None:
+        """Compile a lowered entry point (or load it from the persistent cache); safe to call from threads."""
+        compiled = lowered.compile()
+        with self._lock:
+            self._compiled[(method, key)] = compiled
+            self.compiles += 1
+
     def compile(self, method: str, key: tuple, *example_args: jax.ShapeDtypeStruct) -> float:
         """Compile `method` for the given argument shapes; return seconds taken."""
         started = time.perf_counter()
-        jitted = jax.jit(self._entry(method)) if self.shardings is None else self.shardings.jit(
-            self._entry(method), method, example_args)
-        self._compiled[(method, key)] = jitted.lower(abstract(self.state), *example_args).compile()
-        self.compiles += 1
+        self.add(method, key, self.lower(method, *example_args))
         return time.perf_counter() - started
 
     def has(self, method: str, key: tuple) -> bool:

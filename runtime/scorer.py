@@ -9,8 +9,11 @@ Right padding never changes a score: real tokens attend only to earlier position
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
+import os
+import time
 from typing import Callable, Sequence
 
 import numpy as np
@@ -75,12 +78,25 @@ class Scorer:
         else:
             work += [("class_logits", (b,), (spec((b, D), np.float32),))
                      for b in sorted({b for b, _ in p.heads()})]
-        for i, (method, key, args) in enumerate(work, 1):
-            if self.exe.has(method, key):
-                continue
-            seconds = self.exe.compile(method, key, *args)
-            if progress:
-                progress(i, len(work), f"{method}{key}", seconds)
+        # Tracing holds the GIL, so it runs here one bucket at a time; XLA compiles (or loads from the
+        # persistent cache) in a pool meanwhile, on every core.
+        todo = [(method, key, args) for method, key, args in work if not self.exe.has(method, key)]
+        done = 0
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            def compile_one(method: str, key: tuple, lowered, traced: float) -> tuple[str, float]:
+                started = time.perf_counter()
+                self.exe.add(method, key, lowered)
+                return f"{method}{key}", traced + time.perf_counter() - started
+            futures = []
+            for method, key, args in todo:
+                started = time.perf_counter()
+                lowered = self.exe.lower(method, *args)
+                futures.append(pool.submit(compile_one, method, key, lowered, time.perf_counter() - started))
+            for future in concurrent.futures.as_completed(futures):
+                name, seconds = future.result()
+                done += 1
+                if progress:
+                    progress(done, len(todo), name, seconds)
         return len(work)
 
     # ---- scoring ----------------------------------------------------------------------------------------
@@ -125,9 +141,10 @@ class Scorer:
             return 0
         shared = min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
         rests = sorted((len(s) - shared for s in sequences), reverse=True)
-        if shared == 0 or rests[0] > p.suffix_lengths[-1]:
+        contexts = p.contexts()
+        if shared == 0 or rests[0] > p.suffix_lengths[-1] or not contexts or shared > contexts[-1]:
             return 0
-        shared_cost = fit(p.lengths, shared) + sum(
+        shared_cost = fit(contexts, shared) + sum(
             fit(p.suffix_batches, len(chunk)) * fit(p.suffix_lengths, chunk[0])
             for chunk in _chunks(rests, p.suffix_batches[-1]))
         full_cost = 0
@@ -169,7 +186,7 @@ class Scorer:
 
     def _dispatch_shared_prefix(self, j: int, jobs: Sequence[Job], shared: int) -> list[tuple[object, list[_Row]]]:
         p, job = self.plan, jobs[j]
-        context = fit(p.lengths, shared)
+        context = fit(p.contexts(), shared)
         ctx_tokens = np.zeros((1, context), np.int32)
         ctx_tokens[0, :shared] = job.sequences[0][:shared]
         ctx_k, ctx_v = self.exe("prefill_context", (context,), ctx_tokens)

@@ -64,7 +64,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Padded batch sizes compiled at start-up; larger batches are split."),
     Setting("max_bucket_tokens", "16384", int,
             "Skip (batch, length) buckets with more tokens than this; such batches are split instead."),
-    Setting("suffix_length_buckets", "16,32,64,128", _csv_ints,
+    Setting("context_buckets", "32,128,512,1024,2048", _csv_ints,
+            "Shared-prefix lengths compiled for shared-prefix scoring (each at most the largest length bucket)."),
+    Setting("suffix_length_buckets", "8,12,16,24,32,48,64,128", _csv_ints,
             "Item lengths (tokens after a shared prefix) compiled for shared-prefix scoring."),
     Setting("suffix_batch_buckets", "8,32", _csv_ints,
             "Batch sizes compiled for shared-prefix scoring; larger requests run several such batches."),
@@ -104,6 +106,7 @@ class Settings:
     length_buckets: tuple[int, ...]
     batch_buckets: tuple[int, ...]
     max_bucket_tokens: int
+    context_buckets: tuple[int, ...]
     suffix_length_buckets: tuple[int, ...]
     suffix_batch_buckets: tuple[int, ...]
     prefix_sharing: bool

@@ -33,11 +33,27 @@ def torch_embedded():
 
     from runtime.gguf_convert import embedded_gguf
 
-    torch.set_flush_denormal(True)  # dequantized GGUF weights hold denormals: 10x slower without this
     gguf = embedded_gguf()
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    return model.eval(), tokenizer
+    return FlushingDenormals(model.eval()), tokenizer
+
+
+class FlushingDenormals:
+    """Calls the model with denormals flushed (dequantized GGUF weights hold them: 10x slower otherwise),
+    and only then: the flag is process-wide, and Hypothesis refuses to run while it is set."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, *args, **kwargs):
+        import torch
+
+        torch.set_flush_denormal(True)
+        try:
+            return self.model(*args, **kwargs)
+        finally:
+            torch.set_flush_denormal(False)
 
 
 def torch_label_logprobs(model, sequences, labels):

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.serverproc import ServerProcess
+from runtime.serverproc import SMALL_BUCKETS, ServerProcess
 
-SMALL_BUCKETS = {
-    "SCOREFN_DTYPE": "float32",
-    "SCOREFN_LENGTH_BUCKETS": "32,64",
-    "SCOREFN_BATCH_BUCKETS": "1,4,16",
-    "SCOREFN_SUFFIX_LENGTH_BUCKETS": "16",
-    "SCOREFN_SUFFIX_BATCH_BUCKETS": "8",
-    "SCOREFN_MAX_LABELS": "64",
-}
+__all__ = ["SMALL_BUCKETS", "server"]
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,8 @@ class FakeEngine:
     model_id = "fake-model"
     vocab_size = 1000
     max_sequence_length = 64
+    task = "causal_lm"
+    classifiers: tuple = ()  # tests/handler/test_classify.py installs some
 
     def __init__(self, *, gated: bool = False) -> None:
         self.start_gate = threading.Event()  # start() waits for it when gated
@@ -33,6 +35,7 @@ class FakeEngine:
         self.stopped = threading.Event()
         self.submitted = threading.Event()  # set by every submit(), for tests that resolve held futures
         self.submissions: list[tuple[list[list[int]], list[int], float | None]] = []
+        self.request_ids: list[str | None] = []  # submit()'s request_id, one per submission
         self.raise_on_submit: BaseException | None = None  # raised by submit() itself (e.g. QueueFull)
         self.fail_with: BaseException | None = None  # set as the future's exception
         self.hold = False  # leave futures pending in self.held
@@ -53,9 +56,10 @@ class FakeEngine:
         ids = [ord(c) % 1000 for c in text]
         return [BOS, *ids] if add_special_tokens else ids
 
-    def submit(self, sequences: list[list[int]], label_ids: list[int],
-               deadline: float | None = None) -> concurrent.futures.Future[ScoreResult]:
+    def submit(self, sequences: list[list[int]], label_ids: list[int], deadline: float | None = None,
+               request_id: str | None = None) -> concurrent.futures.Future[ScoreResult]:
         self.submissions.append((sequences, label_ids, deadline))
+        self.request_ids.append(request_id)
         self.submitted.set()
         if self.raise_on_submit is not None:
             raise self.raise_on_submit

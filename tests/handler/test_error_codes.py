@@ -11,6 +11,7 @@ from handler.engine import DeadlineExceeded, EngineFault, QueueFull
 from handler.errors import ERRORS, INTERNAL_ERROR_MESSAGE, ApiError
 from tests.handler.clients import Reply
 from tests.handler.conftest import FACES, make_settings, score_body, serve
+from tests.handler.fake_classifiers import HEAD, SENTIMENT, TOPIC
 from tests.handler.fake_engine import FakeEngine
 
 # RFC-006 rows that DESIGN.md makes unreachable (model is optional; the one model is always loaded).
@@ -47,6 +48,16 @@ def _empty_tokenizer(engine: FakeEngine) -> None:
     engine.tokenize = lambda text, add_special_tokens=True: []  # type: ignore[method-assign]
 
 
+def _classify(body: Any, task: str = "causal_lm", path: str = "/v1/classify") -> Callable[[str, FakeEngine], Reply]:
+    """POST to a fake engine serving the fake verbalizer classifiers (or, for a classification model, a head)."""
+    def run(face: str, engine: FakeEngine) -> Reply:
+        engine.task = task
+        engine.classifiers = (HEAD,) if task == "sequence_classification" else (SENTIMENT, TOPIC)
+        with serve(face, make_settings(), engine) as client:
+            return client.post(path, json=body)
+    return run
+
+
 # code -> (how to produce it, expected param)
 CASES: dict[str, tuple[Callable[[str, FakeEngine], Reply], str | None]] = {
     "missing_query": (_score(score_body(query=...)), "query"),
@@ -75,6 +86,18 @@ CASES: dict[str, tuple[Callable[[str, FakeEngine], Reply], str | None]] = {
     "invalid_text_type": (_request("POST", "/v1/tokenize", {"text": ["a"]}), "text"),
     "invalid_add_special_tokens_type": (_request("POST", "/v1/tokenize", {"text": "a", "add_special_tokens": "no"}),
                                         "add_special_tokens"),
+    "missing_input": (_classify({"model": "sentiment"}), "input"),
+    "empty_input": (_classify({"input": [" "]}), "input"),
+    "invalid_input_type": (_classify({"input": [1, "a"]}), "input"),
+    "invalid_truncate_prompt_tokens_type": (_classify({"input": "a", "truncate_prompt_tokens": "4"}),
+                                            "truncate_prompt_tokens"),
+    "invalid_truncate_prompt_tokens": (_classify({"input": "a", "truncate_prompt_tokens": 0}),
+                                       "truncate_prompt_tokens"),
+    "invalid_use_activation_type": (_classify({"input": "a", "use_activation": 1}), "use_activation"),
+    "invalid_user_type": (_classify({"input": "a", "user": 1}), "user"),
+    "invalid_rid_type": (_classify({"input": "a", "rid": 1}), "rid"),
+    "invalid_priority_type": (_classify({"input": "a", "priority": "1"}), "priority"),
+    "model_not_supported": (_classify(score_body(), "sequence_classification", "/v1/score"), None),
     "invalid_json": (_score(content=b'{"query": '), None),
     "invalid_body_type": (_score(content=b'["query"]'), None),
     "invalid_api_key": (_score(score_body(), api_keys=("secret",)), None),

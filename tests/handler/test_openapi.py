@@ -19,7 +19,8 @@ def spec() -> dict:
 
 
 def test_every_endpoint_is_documented(spec: dict) -> None:
-    assert set(spec["paths"]) == {"/v1/score", "/v1/tokenize", "/v1/models", "/health", "/ready", "/metrics"}
+    assert set(spec["paths"]) == {"/v1/score", "/v1/classify", "/v1/tokenize", "/v1/models", "/health", "/ready",
+                                  "/metrics"}
     assert "post" in spec["paths"]["/v1/score"] and "get" in spec["paths"]["/v1/models"]
 
 
@@ -28,7 +29,7 @@ def test_score_request_and_responses(spec: dict) -> None:
     request = operation["requestBody"]["content"]["application/json"]["schema"]
     assert request["required"] == ["query", "items", "label_token_ids"]
     assert set(request["properties"]) == {"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"}
-    assert request["properties"]["apply_softmax"]["type"] == "boolean"
+    assert request["properties"]["apply_softmax"]["type"] == ["boolean", "null"]  # null: as if absent
     assert {"type": "string", "minLength": 1} in request["properties"]["query"]["anyOf"]
     assert set(operation["responses"]) == {"200", "400", "401", "413", "422", "429", "500", "503"}
     ok = operation["responses"]["200"]["content"]["application/json"]["schema"]

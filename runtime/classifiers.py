@@ -1,0 +1,223 @@
+"""What /v1/classify serves: a sequence-classification head, or prompt-verbalizer classifiers on a causal LM.
+
+A prompt-verbalizer classifier renders a template around the input and reads the next-token log-probabilities
+of one single-token verbalizer word per label (e.g. " positive" / " negative"); its probs are the softmax over
+those tokens. They are declared in a TOML file (SCOREFN_CLASSIFIERS; empty: BUILTIN_TOML below):
+
+    [[classifier]]
+    name = "topic"                   # what `model` selects in a request
+    template = "Text: {input}\\nTopic (sports, politics or science):"   # exactly one {input}
+    labels = { sports = " sports", politics = " politics", science = " science" }   # label -> word, in order
+    # chat = true                    # wrap the template in the model's chat template, as the user's message
+    # assistant_prefix = "Topic:"    # with chat: text that follows the assistant header
+
+Every verbalizer must be exactly one token (`tokenizer.encode(word, add_special_tokens=False)`); start-up
+fails otherwise, naming the classifier, label, word and its tokens. Pure Python: the handler imports `Classifier`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("scorefn.runtime")
+
+INPUT = "{input}"
+
+# The embedded default: sentiment on SmolLM2-135M-Instruct. The chat form (with SmolLM2's default system
+# prompt, which its chat template adds) classified 20 of 20 clearly positive / negative sentences correctly;
+# a plain "Review: ... Sentiment:" prompt got 15 of 20.
+BUILTIN_TOML = '''
+[[classifier]]
+name = "sentiment"
+template = "Classify the sentiment of this text as positive or negative.\\nText: {input}"
+chat = true
+assistant_prefix = "Sentiment:"
+labels = { positive = " positive", negative = " negative" }
+'''
+
+_KEYS = {"name", "template", "labels", "chat", "assistant_prefix"}
+
+
+class ClassifierError(ValueError):
+    """A classifier declaration that cannot be served (start-up fails with this message)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifierSpec:
+    """A prompt-verbalizer classifier as declared, before the served model's tokenizer is known."""
+    name: str
+    template: str
+    labels: tuple[str, ...]
+    words: tuple[str, ...]  # one verbalizer word per label
+    chat: bool = False
+    assistant_prefix: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Classifier:
+    """A classifier ready to serve: what engine.submit needs and how to read its scores."""
+    name: str
+    labels: tuple[str, ...]
+    label_ids: tuple[int, ...]  # submit()'s label_ids: verbalizer token IDs, or 0 .. n-1 for a classification head
+    activation: str  # use_activation=true: "softmax" or "sigmoid" (one-label and multi-label heads)
+    prompt: str | None = None  # the rendered template, with one {input}; None: the input is scored as is
+    add_special_tokens: bool = True  # when tokenizing a text input (a chat-rendered prompt has its own)
+    prefix_ids: tuple[int, ...] = ()  # a token-ID input is scored as prefix_ids + input + suffix_ids
+    suffix_ids: tuple[int, ...] = ()
+    words: tuple[str, ...] = ()
+
+    @property
+    def is_verbalizer(self) -> bool:
+        return self.prompt is not None
+
+    def render(self, text: str) -> str:
+        if self.prompt is None:
+            return text
+        before, after = self.prompt.split(INPUT)
+        return before + text + after
+
+    def splice(self, tokens: list[int]) -> list[int]:
+        return [*self.prefix_ids, *tokens, *self.suffix_ids]
+
+
+# ---- declarations ---------------------------------------------------------------------------------------
+
+def parse_classifiers(text: str, source: str) -> tuple[ClassifierSpec, ...]:
+    """The classifiers a TOML document declares; ClassifierError (naming `source`) for anything malformed."""
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ClassifierError(f"{source}: invalid TOML: {exc}") from None
+    extra = set(document) - {"classifier"}
+    if extra:
+        raise ClassifierError(f"{source}: unknown top-level keys {sorted(extra)}; declare [[classifier]] tables")
+    tables = document.get("classifier")
+    if not isinstance(tables, list) or not tables:
+        raise ClassifierError(f"{source}: declares no classifier; add at least one [[classifier]] table")
+    specs = [_spec(table, source, i) for i, table in enumerate(tables)]
+    names = [spec.name for spec in specs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ClassifierError(f"{source}: classifier names must be unique; repeated: {duplicates}")
+    return tuple(specs)
+
+
+def _spec(table: Any, source: str, index: int) -> ClassifierSpec:
+    where = f"{source}: classifier #{index + 1}"
+    if not isinstance(table, dict):
+        raise ClassifierError(f"{where}: expected a [[classifier]] table")
+    unknown = set(table) - _KEYS
+    if unknown:
+        raise ClassifierError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(_KEYS)})")
+    name = table.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ClassifierError(f"{where}: `name` must be a non-empty string")
+    where = f"{source}: classifier '{name}'"
+    template = table.get("template")
+    if not isinstance(template, str) or template.count(INPUT) != 1:
+        raise ClassifierError(f"{where}: `template` must be a string containing {INPUT} exactly once")
+    labels = table.get("labels")
+    if not isinstance(labels, dict) or len(labels) < 2:
+        raise ClassifierError(f"{where}: `labels` must be a table of at least two `label = \"verbalizer word\"`")
+    for label, word in labels.items():
+        if not isinstance(word, str) or not word:
+            raise ClassifierError(f"{where}: label '{label}': the verbalizer word must be a non-empty string")
+    chat = table.get("chat", False)
+    prefix = table.get("assistant_prefix", "")
+    if not isinstance(chat, bool):
+        raise ClassifierError(f"{where}: `chat` must be true or false")
+    if not isinstance(prefix, str):
+        raise ClassifierError(f"{where}: `assistant_prefix` must be a string")
+    if prefix and not chat:
+        raise ClassifierError(f"{where}: `assistant_prefix` needs `chat = true` (otherwise end the template with it)")
+    return ClassifierSpec(name, template, tuple(labels), tuple(labels.values()), chat, prefix)
+
+
+def load_specs(path: str) -> tuple[ClassifierSpec, ...]:
+    """The classifiers declared in the TOML file at `path`; empty: the built-in ones."""
+    if not path:
+        return parse_classifiers(BUILTIN_TOML, "built-in classifiers")
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ClassifierError(f"SCOREFN_CLASSIFIERS={path}: cannot read the file: {exc}") from None
+    return parse_classifiers(text, str(file))
+
+
+# ---- resolution against the served model -----------------------------------------------------------
+
+def resolve(spec: ClassifierSpec, tokenizer: Any, vocab_size: int, max_labels: int) -> Classifier:
+    """The classifier with its prompt rendered and its verbalizers as token IDs; ClassifierError if it cannot be."""
+    where = f"classifier '{spec.name}'"
+    if len(spec.labels) > max_labels:
+        raise ClassifierError(f"{where}: {len(spec.labels)} labels, more than SCOREFN_MAX_LABELS={max_labels}")
+    prompt = spec.template
+    if spec.chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ClassifierError(f"{where}: `chat = true`, but the model's tokenizer has no chat template")
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": spec.template}], tokenize=False,
+                                               add_generation_prompt=True) + spec.assistant_prefix
+        if prompt.count(INPUT) != 1:
+            raise ClassifierError(f"{where}: the chat template did not keep {INPUT} exactly once: {prompt!r}")
+    token_ids: list[int] = []
+    for label, word in zip(spec.labels, spec.words):
+        ids = list(tokenizer.encode(word, add_special_tokens=False))
+        if len(ids) != 1:
+            pieces = tokenizer.convert_ids_to_tokens(ids) if ids else []
+            raise ClassifierError(
+                f"{where}: label '{label}': verbalizer {word!r} is {len(ids)} tokens {ids} {pieces}, not one; "
+                "pick a word that is a single token (check with POST /v1/tokenize; mind the leading space)")
+        if ids[0] >= vocab_size:
+            raise ClassifierError(f"{where}: label '{label}': verbalizer {word!r} is token {ids[0]}, "
+                                  f"beyond the model's vocabulary of {vocab_size}")
+        if ids[0] in token_ids:
+            other = spec.labels[token_ids.index(ids[0])]
+            raise ClassifierError(f"{where}: labels '{other}' and '{label}' have the same verbalizer token {ids[0]}")
+        token_ids.append(ids[0])
+    # Chat templates write their own special tokens (a BOS among them); tokenizing adds none then, as HF does.
+    add_special_tokens = not spec.chat
+    before, after = prompt.split(INPUT)
+    return Classifier(
+        name=spec.name, labels=spec.labels, label_ids=tuple(token_ids), activation="softmax", prompt=prompt,
+        add_special_tokens=add_special_tokens,
+        prefix_ids=tuple(tokenizer.encode(before, add_special_tokens=add_special_tokens)),
+        suffix_ids=tuple(tokenizer.encode(after, add_special_tokens=False)), words=spec.words)
+
+
+def head_classifier(cfg: Any, model_id: str) -> Classifier:
+    """A *ForSequenceClassification checkpoint: its score head's logits, labels from id2label."""
+    sigmoid = cfg.num_labels == 1 or getattr(cfg, "problem_type", None) == "multi_label_classification"
+    return Classifier(name=model_id, labels=tuple(cfg.id2label), label_ids=tuple(range(cfg.num_labels)),
+                      activation="sigmoid" if sigmoid else "softmax")
+
+
+def build_classifiers(setting: str, cfg: Any, model_id: str, tokenizer: Any,
+                      max_labels: int) -> tuple[Classifier, ...]:
+    """The classifiers the engine serves, checked against the loaded model (called at start-up).
+
+    `setting` is SCOREFN_CLASSIFIERS. Declared classifiers that do not fit the model raise ClassifierError;
+    the built-in one is dropped with a warning instead (it is written for the embedded model).
+    """
+    if cfg.task == "sequence_classification":
+        if setting:
+            raise ClassifierError(
+                f"SCOREFN_CLASSIFIERS={setting}: prompt-verbalizer classifiers need a causal language model, "
+                f"but the served model is a {cfg.architecture} (its own labels are served on /v1/classify)")
+        if cfg.num_labels > max_labels:
+            raise ClassifierError(f"{cfg.architecture} '{model_id}' has {cfg.num_labels} labels, more than "
+                                  f"SCOREFN_MAX_LABELS={max_labels}")
+        return (head_classifier(cfg, model_id),)
+    specs = load_specs(setting)
+    try:
+        return tuple(resolve(spec, tokenizer, cfg.vocab_size, max_labels) for spec in specs)
+    except ClassifierError as exc:
+        if setting:
+            raise
+        log.warning("built-in classifier dropped (/v1/classify has no classifier; declare one in "
+                    "SCOREFN_CLASSIFIERS): %s", exc)
+        return ()

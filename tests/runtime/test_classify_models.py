@@ -1,0 +1,170 @@
+"""/v1/classify on real models: sequence-classification heads against transformers, the built-in verbalizer
+classifier on the embedded model against transformers on the same GGUF, through the real engine and core."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import scipy.special
+
+from handler.core import ScoringCore
+from handler.http import HttpRequest, PendingScore
+from runtime.engine import Engine
+from runtime.settings import load_settings
+from tests.runtime.conftest import random_sequences, scorer_for, small_plan, tiny_checkpoint
+
+pytestmark = pytest.mark.slow
+
+POSITIVE, NEGATIVE = 2731, 3524  # SmolLM2's " positive", " negative"
+LOVED = "I absolutely loved this movie, it was wonderful!"
+HATED = "This movie was absolutely terrible and boring."
+
+
+def post(core: ScoringCore, path: str, body: dict) -> tuple[int, dict]:
+    outcome = core.begin(HttpRequest("POST", path, {}, json.dumps(body).encode()))
+    if isinstance(outcome, PendingScore):
+        outcome = core.finish(outcome, outcome.future.result(timeout=60))
+    return outcome.status, json.loads(outcome.body)
+
+
+def torch_logits(model, sequences: list[list[int]]) -> np.ndarray:
+    """transformers on one right-padded batch (attention mask; the head pools at the last non-pad token)."""
+    import torch
+
+    ids = torch.zeros((len(sequences), max(map(len, sequences))), dtype=torch.long)  # pad_token_id 0
+    mask = torch.zeros_like(ids)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)] = torch.tensor(sequence)
+        mask[row, : len(sequence)] = 1
+    with torch.no_grad():
+        return model(ids, attention_mask=mask).logits.double().numpy()
+
+
+def engine_settings(tmp_path, cache_dir, **overrides):
+    values = dict(cache_dir=str(cache_dir), compile_cache_dir=str(tmp_path / "xla"), dtype="float32",
+                  length_buckets=(64,), batch_buckets=(1, 4), context_buckets=(64,), suffix_length_buckets=(32,),
+                  suffix_batch_buckets=(4,),
+                  max_labels=4, batch_wait_ms=0.0)
+    return load_settings(environ={}, **{**values, **overrides})
+
+
+# ---- kind 1: *ForSequenceClassification --------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["llama_cls", "qwen2_cls", "qwen3_cls"])
+def test_classification_head_matches_transformers(family, tmp_path):
+    model = tiny_checkpoint(family, tmp_path, num_labels=3, pad_token_id=0)
+    rng = np.random.default_rng(1)
+    # Lengths 1..30 in one padded batch; ids >= 1 (0 is the pad token transformers looks for).
+    sequences = [[1 + t for t in seq] for seq in random_sequences(rng, 6, 1, 30, 127)]
+    shared = random_sequences(rng, 1, 12, 12, 127)[0]
+    prefixed = [[1 + t for t in shared + tail] for tail in ([5], [6, 7, 8], [9, 10])]  # the shared-prefix path
+    scorer = scorer_for(tmp_path, plan=small_plan(prefix_sharing=True))
+    for batch in (sequences, prefixed):
+        ours = scorer.score(batch, [0, 1, 2])
+        reference = torch_logits(model, batch)
+        np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(scipy.special.softmax(ours.astype(np.float64), axis=1),
+                                   scipy.special.softmax(reference, axis=1), atol=1e-5, rtol=0)
+    assert scorer.prefix_batches >= 1
+
+
+@pytest.fixture(scope="module")
+def head_service(tmp_path_factory, cache_dir, embedded_dir):
+    """A tiny Qwen2ForSequenceClassification with SmolLM2's tokenizer, served by the real engine."""
+    model_dir = tmp_path_factory.mktemp("qwen2_cls")
+    model = tiny_checkpoint("qwen2_cls", model_dir, vocab_size=49152, num_labels=3, pad_token_id=0,
+                            id2label={0: "negative", 1: "neutral", 2: "positive"})
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(embedded_dir / name, model_dir / name)
+    settings = engine_settings(tmp_path_factory.mktemp("xla"), cache_dir, model=str(model_dir), length_buckets=(16, 32),
+                               prefix_sharing=False)
+    engine = Engine(settings)
+    engine.start()
+    yield ScoringCore(settings, engine), model, engine
+    engine.stop(5)
+
+
+def test_classification_model_over_the_api(head_service):
+    core, model, engine = head_service
+    assert engine.task == "sequence_classification"
+    texts = ["I loved it", "A long and winding review that goes on and on about nothing in particular", "meh"]
+    status, body = post(core, "/v1/classify", {"input": texts})
+    assert status == 200 and body["model"] == engine.model_id
+    sequences = [engine.tokenize(text) for text in texts]
+    expected = scipy.special.softmax(torch_logits(model, sequences), axis=1)
+    probs = np.array([entry["probs"] for entry in body["data"]])
+    np.testing.assert_allclose(probs, expected, atol=1e-5, rtol=0)
+    labels = ("negative", "neutral", "positive")
+    assert [entry["label"] for entry in body["data"]] == [labels[i] for i in expected.argmax(axis=1)]
+    assert [entry["index"] for entry in body["data"]] == [0, 1, 2]
+    assert body["usage"]["prompt_tokens"] == sum(map(len, sequences))
+
+    status, raw = post(core, "/v1/classify", {"input": [sequences[1]], "use_activation": False})
+    np.testing.assert_allclose(raw["data"][0]["probs"], torch_logits(model, [sequences[1]])[0], atol=1e-4, rtol=0)
+
+    status, cut = post(core, "/v1/classify", {"input": texts[1], "truncate_prompt_tokens": 5})
+    assert status == 200 and cut["usage"]["prompt_tokens"] == 5
+    np.testing.assert_allclose(cut["data"][0]["probs"],
+                               scipy.special.softmax(torch_logits(model, [sequences[1][-5:]]), axis=1)[0], atol=1e-5)
+
+    status, error = post(core, "/v1/score", {"query": "a", "items": ["b"], "label_token_ids": [1]})
+    assert status == 400 and error["error"]["code"] == "model_not_supported"
+    status, error = post(core, "/v1/classify", {"input": "word " * 40})
+    assert status == 400 and error["error"]["code"] == "context_length_exceeded"
+    cards = json.loads(core.begin(HttpRequest("GET", "/v1/models", {}, b"")).body)["data"]
+    assert cards == [{"id": engine.model_id, "object": "model", "created": cards[0]["created"], "owned_by": "scorefn",
+                      "task": "classify", "labels": list(labels)}]
+
+
+# ---- kind 2: the built-in verbalizer classifier on the embedded model ---------------------------------
+
+@pytest.fixture(scope="module")
+def embedded_service(tmp_path_factory, cache_dir):
+    settings = engine_settings(tmp_path_factory.mktemp("embedded"), cache_dir)
+    engine = Engine(settings)
+    engine.start()
+    yield ScoringCore(settings, engine), engine
+    engine.stop(5)
+
+
+def test_sentiment_is_right_and_equals_the_verbalizer_logits_of_transformers(embedded_service, torch_embedded):
+    core, engine = embedded_service
+    model, tokenizer = torch_embedded
+    (classifier,) = engine.classifiers
+    assert classifier.name == "sentiment" and classifier.label_ids == (POSITIVE, NEGATIVE)
+
+    status, body = post(core, "/v1/classify", {"input": [LOVED, HATED]})  # one request: the shared-prefix path
+    assert status == 200 and body["model"] == "sentiment"
+    assert [entry["label"] for entry in body["data"]] == ["positive", "negative"]
+    assert engine.scorer.prefix_batches == 1  # the template's tokens ran once for both inputs
+    status, raw = post(core, "/v1/classify", {"input": [LOVED, HATED], "use_activation": False})
+
+    import torch
+
+    sequences = [tokenizer.encode(classifier.render(text), add_special_tokens=False) for text in (LOVED, HATED)]
+    assert sum(map(len, sequences)) == body["usage"]["prompt_tokens"] == raw["usage"]["prompt_tokens"]
+    with torch.no_grad():
+        logits = np.stack([model(torch.tensor([seq])).logits[0, -1].double().numpy() for seq in sequences])
+    verbalizer_logits = logits[:, [POSITIVE, NEGATIVE]]
+    probs = np.array([entry["probs"] for entry in body["data"]])
+    np.testing.assert_allclose(probs, scipy.special.softmax(verbalizer_logits, axis=1), atol=1e-4, rtol=0)
+    assert probs[0, 0] > 0.8 and probs[1, 1] > 0.7  # clearly positive, clearly negative
+    # use_activation=false: the verbalizers' log-probabilities (their logits minus the log-sum-exp of the row)
+    expected_raw = verbalizer_logits - scipy.special.logsumexp(logits, axis=1, keepdims=True)
+    np.testing.assert_allclose([entry["probs"] for entry in raw["data"]], expected_raw, atol=1e-3, rtol=0)
+
+
+def test_verbalizer_truncation_and_models(embedded_service):
+    core, engine = embedded_service
+    status, body = post(core, "/v1/classify", {"input": LOVED, "truncate_prompt_tokens": 5, "model": "sentiment"})
+    assert status == 200 and body["usage"]["prompt_tokens"] == 5
+    status, error = post(core, "/v1/classify", {"input": LOVED * 3})
+    assert status == 400 and error["error"]["code"] == "context_length_exceeded"
+    status, body = post(core, "/v1/classify", {"input": LOVED * 3, "truncate_prompt_tokens": -1})
+    assert status == 200 and body["usage"]["prompt_tokens"] == 64
+    cards = json.loads(core.begin(HttpRequest("GET", "/v1/models", {}, b"")).body)["data"]
+    assert [(card["id"], card.get("labels")) for card in cards] == [
+        ("SmolLM2-135M-Instruct", None), ("sentiment", ["positive", "negative"])]
