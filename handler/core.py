@@ -194,6 +194,10 @@ class ScoringCore:
         score_request = decode_body(schemas.SCORE_REQUEST_DECODER, body)
         require_language_model(engine)
         job = validate_score_request(score_request, engine, self.settings)
+        return self._submit(request, request_id, engine, job)
+
+    def _submit(self, request: HttpRequest, request_id: str, engine: ScoringEngine,
+                job: ScoreJob | ClassifyJob) -> PendingScore:
         deadline = time.monotonic() + self.settings.request_timeout_s
         try:
             future = engine.submit(job.sequences, job.label_ids, deadline, request_id=request_id)
@@ -219,12 +223,7 @@ class ScoringCore:
         body = self._body(request)
         engine = self._require_ready()
         job = validate_classify_request(decode_body(schemas.CLASSIFY_REQUEST_DECODER, body), engine, self.settings)
-        deadline = time.monotonic() + self.settings.request_timeout_s
-        try:
-            future = engine.submit(job.sequences, job.label_ids, deadline, request_id=request_id)
-        except Exception as exc:
-            raise self._engine_error(request_id, exc) from None
-        return PendingScore(request, request_id, job, future)
+        return self._submit(request, request_id, engine, job)
 
     def _classified(self, job: ClassifyJob, result: ScoreResult) -> HttpResponse:
         body = classify_response(job, result)
