@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import tempfile
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.scorer import common_prefix_length
 from runtime.settings import load_settings
 
 QUERY = "Review: the room was clean and close to the station. Sentiment:"  # 15 tokens
@@ -158,7 +160,7 @@ def _engine_counter(url: str, name: str) -> float:
     import httpx
 
     for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(name + " "):
+        if line.startswith((name + " ", name + "_total ")):  # counters carry the _total suffix
             return float(line.split()[1])
     return 0.0
 
@@ -189,6 +191,7 @@ def main(args: argparse.Namespace) -> int:
     from runtime.loader import load_tokenizer, resolve_model_dir
 
     settings = load_settings()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per W3 request otherwise
     smoke = getattr(args, "smoke", False)  # the test suite's run: every code path, minimal sizes
     quick = args.quick or smoke
     repeats = 2 if smoke else 5 if quick else 20
@@ -214,7 +217,9 @@ def main(args: argparse.Namespace) -> int:
     rows = []
     for n in (1, 8, 16, 32):
         request = sequences[:n]
-        flops = sum(sequence_flops(cfg, len(s)) for s in request)
+        # FLOPs the math needs: a shared prefix counts once (as scorefn computes it), so MFU is not flattered.
+        shared = min(common_prefix_length(request), min(len(s) for s in request) - 1) if n > 1 else 0
+        flops = sequence_flops(cfg, shared) + sum(sequence_flops(cfg, len(s) - shared, shared) for s in request)
         ours = summarize(timed_runs(lambda: scorer.score(request, labels), repeats), n)
         ours["gflops"] = flops * ours["items_per_s"] / n / 1e9
         entry = {"items": n, "scorefn": ours}
