@@ -171,17 +171,11 @@ class Scorer:
         out = []
         while rows:
             length = fit(p.lengths, len(rows[0].tokens))
-            chunk, rows = rows[: p.batch_for(length)], rows[p.batch_for(length):]
+            rows_per_batch = p.batch_for(length)
+            chunk, rows = rows[:rows_per_batch], rows[rows_per_batch:]
             batch = fit(p.batches, len(chunk))
-            tokens = np.zeros((batch, length), np.int32)
-            last = np.zeros((batch,), np.int32)
-            for r, row in enumerate(chunk):
-                tokens[r, : len(row.tokens)] = row.tokens
-                last[r] = len(row.tokens) - 1
-            hidden = self.exe("hidden", (batch, length), tokens, last)
-            self.device_batches += 1
-            self.device_rows += len(chunk)
-            out.append((self._head(hidden, chunk, jobs, batch), chunk))
+            hidden = self.exe("hidden", (batch, length), *_padded(chunk, batch, length))
+            out.append(self._scored(hidden, chunk, jobs, batch))
         return out
 
     def _dispatch_shared_prefix(self, j: int, jobs: Sequence[Job], shared: int) -> list[tuple[object, list[_Row]]]:
@@ -196,18 +190,27 @@ class Scorer:
         for chunk in _chunks(rows, p.suffix_batches[-1]):
             batch = fit(p.suffix_batches, len(chunk))
             length = fit(p.suffix_lengths, len(chunk[0].tokens))
-            tokens = np.zeros((batch, length), np.int32)
-            last = np.zeros((batch,), np.int32)
-            for r, row in enumerate(chunk):
-                tokens[r, : len(row.tokens)] = row.tokens
-                last[r] = len(row.tokens) - 1
             hidden = self.exe("hidden_after_context", (context, batch, length),
-                              ctx_k, ctx_v, np.int32(shared), tokens, last)
+                              ctx_k, ctx_v, np.int32(shared), *_padded(chunk, batch, length))
             self.prefix_batches += 1
-            self.device_batches += 1
-            self.device_rows += len(chunk)
-            out.append((self._head(hidden, chunk, jobs, batch), chunk))
+            out.append(self._scored(hidden, chunk, jobs, batch))
         return out
+
+    def _scored(self, hidden, chunk: list[_Row], jobs: Sequence[Job], batch: int) -> tuple[object, list[_Row]]:
+        """The head's (still on-device) output for a dispatched batch, counted for /metrics."""
+        self.device_batches += 1
+        self.device_rows += len(chunk)
+        return self._head(hidden, chunk, jobs, batch), chunk
+
+
+def _padded(rows: list[_Row], batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded tokens [batch, length] and each row's last real position [batch] (padding rows: 0)."""
+    tokens = np.zeros((batch, length), np.int32)
+    last = np.zeros((batch,), np.int32)
+    for r, row in enumerate(rows):
+        tokens[r, : len(row.tokens)] = row.tokens
+        last[r] = len(row.tokens) - 1
+    return tokens, last
 
 
 def _chunks(items: list, size: int) -> list[list]:
