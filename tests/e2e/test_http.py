@@ -100,12 +100,12 @@ def test_errors_come_in_the_envelope(server):
 
 def test_openai_client(server):
     openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
     body = {"query": "The capital of France is", "items": [""], "label_token_ids": [PARIS, LONDON]}
-    result = client.post("/score", body=body, cast_to=object)
-    assert result["scores"][0][0] == pytest.approx(-0.258, abs=1e-3)
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.post("/score", body={**body, "items": []}, cast_to=object)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused") as client:  # closed: no stray socket
+        result = client.post("/score", body=body, cast_to=object)
+        assert result["scores"][0][0] == pytest.approx(-0.258, abs=1e-3)
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.post("/score", body={**body, "items": []}, cast_to=object)
     assert caught.value.code == "empty_items"
 
 
