@@ -1,6 +1,8 @@
 # scorefn: `make serve` and `make test` work on a fresh machine with nothing but Python 3.11+.
 PYTHON ?= python3
 VENV ?= .venv
+# A venv made exactly as `make serve` makes one, for the serve-only check `make test` runs first.
+SERVE_VENV ?= .venv-serve
 PY := $(VENV)/bin/python
 PORT ?= 8080
 export PORT
@@ -8,7 +10,7 @@ export PORT
 SCOREFN_CACHE_DIR ?= $(CURDIR)/.cache/scorefn
 export SCOREFN_CACHE_DIR
 
-.PHONY: serve test bench loadtest warmup setup setup-test clean
+.PHONY: serve serve-check test bench loadtest warmup setup setup-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +41,13 @@ serve: setup
 warmup: setup
 	$(VENV)/bin/scorefn warmup
 
-test: setup-test
+# Every serve-time import must be a main dependency: the test extras (PyTorch pulls in jinja2, for one) would
+# hide a missing one. So `make serve`'s own set-up, in a venv of its own, then scripts/serve_check.py there.
+serve-check:
+	$(MAKE) --no-print-directory setup VENV=$(SERVE_VENV)
+	$(SERVE_VENV)/bin/python scripts/serve_check.py
+
+test: serve-check setup-test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup-test
@@ -49,4 +57,4 @@ loadtest: setup-test
 	$(PY) -m loadtests.run $(LOADTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) $(SERVE_VENV) .cache .pytest_cache

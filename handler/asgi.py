@@ -42,11 +42,12 @@ _INLINE_SCORES = 16 * 1024
 
 
 def create_app(settings: Settings | None = None, engine: ScoringEngine | None = None, *,
-               drain_on_sigterm: bool = False) -> Litestar:
+               owns_process: bool = False) -> Litestar:
     """The app; without an engine, the lifespan builds one with runtime.engine.build_engine(settings).
 
-    `drain_on_sigterm`: the lifespan hooks SIGTERM (chaining the server's handler) to start draining at once
-    (the served module-level `app` does; apps built in tests leave the process's signals alone).
+    `owns_process` (the served module-level `app`): the lifespan hooks SIGTERM (chaining the server's handler)
+    to start draining at once, and a failed engine start ends the process. Apps built in tests leave the
+    process's signals alone and keep running with /ready 503.
     """
     settings = settings or load_settings()
     core = ScoringCore(settings, engine)
@@ -54,9 +55,9 @@ def create_app(settings: Settings | None = None, engine: ScoringEngine | None = 
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        if drain_on_sigterm and not drain.on_sigterm():
+        if owns_process and not drain.on_sigterm():
             log.warning("could not hook SIGTERM; draining starts when the server shuts the app down")
-        warmup = asyncio.create_task(asyncio.to_thread(warm_up, core))
+        warmup = asyncio.create_task(asyncio.to_thread(warm_up, core, owns_process))
         try:
             yield
         finally:
@@ -190,7 +191,8 @@ def __getattr__(name: str) -> Any:
     # `app` is built on first access (by the server), not at import: building it reads the environment and
     # sends the scorefn loggers to stdout as JSON, which importing the module (e.g. in tests) must not do.
     if name == "app":
-        configure_logging()
-        globals()["app"] = built = create_app(drain_on_sigterm=True)
+        settings = load_settings()
+        configure_logging(level=settings.log_level)
+        globals()["app"] = built = create_app(settings, owns_process=True)
         return built
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

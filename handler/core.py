@@ -62,6 +62,7 @@ ENDPOINTS: dict[str, Endpoint] = {
 }
 _AUTHENTICATED_PREFIX = "/v1/"
 _SHOWN_PATH_CHARS = 200
+_LOGGED_BODY_BYTES = 4096  # of a body, with SCOREFN_LOG_REQUESTS_DEBUG on
 
 
 class ScoringCore:
@@ -83,6 +84,9 @@ class ScoringCore:
 
     def begin(self, request: HttpRequest) -> HttpResponse | PendingScore:
         request_id = request_id_of(request)
+        if self.settings.log_requests_debug and request.body:
+            body = request.body[:_LOGGED_BODY_BYTES].decode("utf-8", "replace")
+            log.info("request %s body", request_id, extra={"json_fields": {"request_id": request_id, "body": body}})
         try:
             outcome = self._dispatch(request, request_id)
         except ApiError as error:

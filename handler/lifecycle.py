@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -21,11 +22,18 @@ def build_engine(settings: Settings) -> ScoringEngine:
     return build(settings)
 
 
-def warm_up(core: ScoringCore) -> None:
+# A served process whose engine cannot start exits with this status. gunicorn reads a worker's exit status 3
+# as "failed to boot" and stops instead of respawning it; granian stops with status 1 when its worker exits.
+EXIT_START_FAILED = 3
+
+
+def warm_up(core: ScoringCore, exit_on_failure: bool = False) -> None:
     """Build the core's engine if it has none, then start it (loads weights, compiles every bucket).
 
-    A failure is logged, not raised: the process keeps answering /health while /ready stays 503,
-    so the platform's startup probe replaces the instance.
+    `exit_on_failure` (the served apps): a start that fails logs its cause once, at CRITICAL with the traceback,
+    and ends the process at once, so `make serve` returns with the message on screen and Cloud Run or Kubernetes
+    restart the instance and show the failure. Otherwise (apps built in tests) the failure is logged at ERROR
+    and /ready stays 503.
     """
     started = time.perf_counter()
     try:
@@ -33,11 +41,23 @@ def warm_up(core: ScoringCore) -> None:
             core.engine = build_engine(core.settings)
         if not core.engine.ready:
             core.engine.start()
-    except Exception:
-        log.exception("engine start failed; /ready stays 503")
-        return
+    except Exception as exc:
+        if not exit_on_failure:
+            log.exception("engine start failed; /ready stays 503")
+            return
+        log.critical("engine start failed, exiting: %s: %s", type(exc).__name__, exc, exc_info=True)
+        exit_now(EXIT_START_FAILED)
     log.info("ready", extra={"json_fields": {"model": core.engine.model_id,
                                              "warmup_s": round(time.perf_counter() - started, 3)}})
+
+
+def exit_now(status: int) -> None:
+    """End the process from any thread (sys.exit would end only the calling one), logs flushed first."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    for handler in logging.getLogger("scorefn").handlers:
+        handler.flush()
+    os._exit(status)
 
 
 def shut_down(core: ScoringCore) -> None:
@@ -99,8 +119,9 @@ class Drain:
 class BackgroundWarmup:
     """Runs warm_up once per process in a daemon thread (WSGI has no lifespan; a forked worker starts its own)."""
 
-    def __init__(self, core: ScoringCore) -> None:
+    def __init__(self, core: ScoringCore, exit_on_failure: bool = False) -> None:
         self._core = core
+        self._exit_on_failure = exit_on_failure
         self._lock = threading.Lock()
         self._pid: int | None = None
         self.thread: threading.Thread | None = None
@@ -112,5 +133,6 @@ class BackgroundWarmup:
             if self._pid == os.getpid():
                 return
             self._pid = os.getpid()
-            self.thread = threading.Thread(target=warm_up, args=(self._core,), name="scorefn-warmup", daemon=True)
+            self.thread = threading.Thread(target=warm_up, args=(self._core, self._exit_on_failure),
+                                           name="scorefn-warmup", daemon=True)
             self.thread.start()

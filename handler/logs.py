@@ -22,9 +22,11 @@ _SEVERITY = {logging.DEBUG: "DEBUG", logging.INFO: "INFO", logging.WARNING: "WAR
 def log_access(*, request_id: str, method: str, path: str, status: int, total_seconds: float,
                items: int | None = None, tokens: int | None = None,
                queue_seconds: float | None = None, device_seconds: float | None = None, quiet: bool = False) -> None:
-    """`quiet`: a probe or scrape (/health, /ready, /metrics), logged at DEBUG unless it failed."""
-    level = (logging.ERROR if status >= 500 else logging.WARNING if status >= 400
-             else logging.DEBUG if quiet else logging.INFO)
+    """Severity: 5xx ERROR, 4xx WARNING, else INFO. `quiet`: a probe or scrape (/health, /ready, /metrics), always
+    DEBUG: a 503 from /ready while warming up or draining is expected, not an error (an unexpected failure of
+    the handler is logged on its own, with its traceback)."""
+    level = (logging.DEBUG if quiet else logging.ERROR if status >= 500 else logging.WARNING if status >= 400
+             else logging.INFO)
     if not access_log.isEnabledFor(level):
         return
     path = path[:_MAX_PATH_CHARS]
@@ -55,7 +57,7 @@ class JsonLineFormatter(logging.Formatter):
         return json.dumps(payload, default=str)
 
 
-def configure_logging(stream: TextIO | None = None, level: int = logging.INFO) -> None:
+def configure_logging(stream: TextIO | None = None, level: int | str = logging.INFO) -> None:
     """JSON lines on stdout for every `scorefn.*` logger; called by the served apps, idempotent."""
     logger = logging.getLogger("scorefn")
     if any(getattr(h, "_scorefn", False) for h in logger.handlers):

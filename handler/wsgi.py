@@ -29,9 +29,9 @@ StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
 class WsgiApp:
-    def __init__(self, core: ScoringCore) -> None:
+    def __init__(self, core: ScoringCore, exit_on_failure: bool = False) -> None:
         self.core = core
-        self.warmup = BackgroundWarmup(core)
+        self.warmup = BackgroundWarmup(core, exit_on_failure)
         self.warmup.ensure_started()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -60,9 +60,13 @@ class WsgiApp:
         return _send(outcome, start_response)
 
 
-def create_wsgi_app(settings: Settings | None = None, engine: ScoringEngine | None = None) -> WsgiApp:
-    """The app; without an engine, warm-up builds one with runtime.engine.build_engine(settings)."""
-    return WsgiApp(ScoringCore(settings or load_settings(), engine))
+def create_wsgi_app(settings: Settings | None = None, engine: ScoringEngine | None = None, *,
+                    owns_process: bool = False) -> WsgiApp:
+    """The app; without an engine, warm-up builds one with runtime.engine.build_engine(settings).
+
+    `owns_process` (the served module-level `application`): a failed engine start ends the process.
+    """
+    return WsgiApp(ScoringCore(settings or load_settings(), engine), exit_on_failure=owns_process)
 
 
 def _path(environ: dict[str, Any]) -> str:
@@ -109,8 +113,9 @@ def _send(response: HttpResponse, start_response: StartResponse) -> list[bytes]:
 def __getattr__(name: str) -> Any:
     # Built on first access (by the server), not at import; see handler.asgi for why.
     if name == "application":
-        configure_logging()
-        built = create_wsgi_app()
+        settings = load_settings()
+        configure_logging(level=settings.log_level)
+        built = create_wsgi_app(settings, owns_process=True)
         atexit.register(shut_down, built.core)  # no lifespan: drain when the worker process exits
         globals()["application"] = built
         return built

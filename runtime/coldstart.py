@@ -28,21 +28,20 @@ def _timings(server) -> dict:
 
 
 def _start(env: dict[str, str]) -> dict:
-    import httpx
-
-    from runtime.serverproc import ServerProcess
+    from runtime.serverproc import ServerProcess, request_json
 
     started = time.perf_counter()
     server = ServerProcess(env=env)
     ready_s = time.perf_counter() - started
     try:
-        with httpx.Client(base_url=server.url, timeout=60) as http:
-            def request() -> float:
-                t = time.perf_counter()
-                http.post("/v1/score", json=REQUEST).raise_for_status()
-                return time.perf_counter() - t
-            first = request()
-            steady = [request() for _ in range(30)]
+        def request() -> float:
+            t = time.perf_counter()
+            status, body = request_json(server.url + "/v1/score", REQUEST)
+            if status != 200:
+                raise RuntimeError(f"/v1/score answered {status}: {body}")
+            return time.perf_counter() - t
+        first = request()
+        steady = [request() for _ in range(30)]
     finally:
         server.stop()
     return {"ready_s": ready_s, **_timings(server), "first_request_ms": first * 1e3,

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from collections import deque
 from pathlib import Path
@@ -30,6 +31,23 @@ SMALL_BUCKETS = {
 }
 
 
+def serve_command(interface: str = "asgi") -> list[str]:
+    """The console script itself: the same command as `make serve` and the container's ENTRYPOINT."""
+    return [str(Path(sys.executable).with_name("scorefn")), "serve", "--interface", interface]
+
+
+def request_json(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+    """GET (or POST `body` as JSON) with the standard library only; (status, decoded JSON body)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:  # 4xx/5xx: the body is the RFC-006 envelope
+        with error:
+            return error.code, json.loads(error.read())
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -44,9 +62,7 @@ class ServerProcess:
         self._ready = threading.Event()
         self._exited = threading.Event()
         full_env = {**os.environ, **(env or {}), "PORT": str(self.port), "SCOREFN_HOST": "127.0.0.1"}
-        # The console script itself: the same command as `make serve` and the container's ENTRYPOINT.
-        command = [str(Path(sys.executable).with_name("scorefn")), "serve", "--interface", interface]
-        self.proc = subprocess.Popen(command,
+        self.proc = subprocess.Popen(serve_command(interface),
                                      env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         threading.Thread(target=self._read, daemon=True).start()
         self.wait_ready(start_timeout)

@@ -22,6 +22,13 @@ def _csv_strs(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError(f"expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got {text!r}")
+    return level
+
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -88,7 +95,10 @@ SETTINGS: tuple[Setting, ...] = (
             "TOML file declaring prompt-verbalizer classifiers. Empty: the built-in sentiment classifier."),
     Setting("mesh", "", str,
             "Device mesh as DATAxMODEL (e.g. 1x4). Empty: all local devices on the data axis."),
-    Setting("log_requests_debug", "false", _bool, "Log request bodies (debugging only)."),
+    Setting("log_level", "INFO", _log_level,
+            "Log level of the server and the CLI; DEBUG also shows the probes and scrapes (/health, /ready, /metrics)."),
+    Setting("log_requests_debug", "false", _bool,
+            "Log each request body (its first 4 KiB, at INFO) before handling it (debugging only)."),
     Setting("host", "0.0.0.0", str, "Address `scorefn serve` binds."),
     Setting("port", "8080", int, "Port `scorefn serve` binds (env PORT, as on Cloud Run)."),
 )
@@ -121,6 +131,7 @@ class Settings:
     drain_grace_s: float
     classifiers: str
     mesh: str
+    log_level: str
     log_requests_debug: bool
     host: str
     port: int

@@ -3,7 +3,8 @@
 # Scaling: Cloud Run adds instances when the running ones approach max_instance_request_concurrency
 # in-flight requests (and on CPU); each instance batches its concurrent requests onto the GPU.
 # Startup: the startup probe holds traffic until GET /ready is 200 (every shape bucket compiled or
-# loaded from the persistent compile cache); liveness watches GET /health.
+# loaded from the persistent compile cache); liveness watches GET /health. A start that fails exits
+# the container (cause logged at CRITICAL), so Cloud Run fails the instance instead of billing it.
 
 locals {
   container_port = 8080

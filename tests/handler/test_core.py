@@ -84,3 +84,24 @@ def test_access_log(core: ScoringCore, caplog: pytest.LogCaptureFixture) -> None
     assert fields["httpRequest"]["status"] == 200 and fields["httpRequest"]["latency"].endswith("s")
     assert records[1].json_fields["status"] == 400  # type: ignore[attr-defined]
     assert all(secret not in r.getMessage() and secret not in json.dumps(r.json_fields) for r in records)
+
+
+def test_probes_answered_503_are_not_errors(core: ScoringCore, caplog: pytest.LogCaptureFixture) -> None:
+    """Warming up or draining, /ready says 503 on every probe: expected, so DEBUG; a 503 on /v1/* stays ERROR."""
+    caplog.set_level(logging.DEBUG, logger="scorefn.access")
+    core.start_draining()
+    assert core.begin(_request("GET", "/ready")).status == 503  # type: ignore[union-attr]
+    assert core.begin(_request("POST", "/v1/score", score_body())).status == 503  # type: ignore[union-attr]
+    records = [r for r in caplog.records if r.name == "scorefn.access"]
+    assert [(r.getMessage(), r.levelno) for r in records] == [("GET /ready 503", logging.DEBUG),
+                                                              ("POST /v1/score 503", logging.ERROR)]
+
+
+def test_request_bodies_are_logged_only_when_asked(core: ScoringCore, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="scorefn.handler")
+    core.begin(_request("POST", "/v1/score", score_body(query="not logged")))
+    core.settings = core.settings.replace(log_requests_debug=True)
+    core.begin(_request("POST", "/v1/score", score_body(query="logged"), **{"x-request-id": "req-9"}))
+    (record,) = [r for r in caplog.records if r.getMessage() == "request req-9 body"]
+    assert '"query":"logged"' in record.json_fields["body"].replace(" ", "")  # type: ignore[attr-defined]
+    assert not any("not logged" in json.dumps(getattr(r, "json_fields", {})) for r in caplog.records)

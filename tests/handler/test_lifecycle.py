@@ -97,6 +97,33 @@ def test_a_failed_start_leaves_health_up_and_ready_down(monkeypatch: pytest.Monk
     assert any("engine start failed" in r.getMessage() and r.exc_info for r in caplog.records)
 
 
+class Exited(Exception):
+    pass
+
+
+def test_a_failed_start_of_a_served_app_exits_the_process(monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The served apps own their process: the cause is logged once, CRITICAL with the traceback, then it exits 3."""
+    from handler import lifecycle
+    from handler.core import ScoringCore
+
+    def build_engine(settings: Settings) -> FakeEngine:
+        raise ImportError("apply_chat_template requires jinja2 to be installed.")
+
+    def exit_now(status: int) -> None:
+        raise Exited(status)
+
+    monkeypatch.setattr(lifecycle, "build_engine", build_engine)
+    monkeypatch.setattr(lifecycle.os, "_exit", exit_now)
+    with pytest.raises(Exited) as exited:
+        lifecycle.warm_up(ScoringCore(make_settings()), exit_on_failure=True)
+    assert exited.value.args == (lifecycle.EXIT_START_FAILED,)
+    (record,) = [r for r in caplog.records if "engine start failed" in r.getMessage()]
+    assert record.levelno == logging.CRITICAL and record.exc_info
+    assert record.getMessage() == ("engine start failed, exiting: ImportError: "
+                                   "apply_chat_template requires jinja2 to be installed.")
+
+
 def test_module_level_asgi_app(monkeypatch: pytest.MonkeyPatch, scorefn_logger: logging.Logger) -> None:
     monkeypatch.delitem(vars(handler.asgi), "app", raising=False)
     monkeypatch.setenv("SCOREFN_MAX_ITEMS", "3")

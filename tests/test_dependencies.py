@@ -1,0 +1,53 @@
+"""Every package the served code imports is a main dependency in pyproject.toml.
+
+The test extras (PyTorch pulls in jinja2, for one) would hide a missing one from the test suite; this reads
+the imports themselves. What a dependency imports lazily (transformers rendering a chat template with jinja2)
+no reading of our sources can see: `make test` also runs scripts/serve_check.py in a serve-only venv.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SERVED = ("handler", "runtime")
+# `scorefn bench` is a development tool: PyTorch for its baselines, httpx (the test extra) for its HTTP clients.
+DEV_ONLY = {"runtime/bench.py": {"torch", "httpx"}}
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _declared() -> set[str]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return {_normalized(re.split(r"[<>=!~;\[ ]", spec, maxsplit=1)[0]) for spec in project["dependencies"]}
+
+
+def _imported_top_level(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+    return names - set(sys.stdlib_module_names) - set(SERVED) - {"__future__"}
+
+
+def test_every_served_import_is_a_main_dependency():
+    declared = _declared()
+    distributions = importlib.metadata.packages_distributions()
+    missing = []
+    for package in SERVED:
+        for path in sorted((REPO / package).glob("*.py")):
+            where = str(path.relative_to(REPO))
+            for module in sorted(_imported_top_level(path) - DEV_ONLY.get(where, set())):
+                owners = {_normalized(d) for d in distributions.get(module, [module])}
+                if not owners & declared:
+                    missing.append(f"{where} imports {module} ({', '.join(sorted(owners))})")
+    assert not missing, "not in pyproject.toml's main dependencies:\n" + "\n".join(missing)
