@@ -39,6 +39,8 @@ log = logging.getLogger("scorefn.handler")
 # Bigger requests are decoded/tokenized and their responses built in a worker thread, keeping the loop free.
 _INLINE_BODY_BYTES = 64 * 1024
 _INLINE_SCORES = 16 * 1024
+# After the drain, how long shutdown waits for the answers it produced to be sent (granian kills at grace + 5 s).
+_SEND_AFTER_DRAIN_S = 4.0
 
 
 def create_app(settings: Settings | None = None, engine: ScoringEngine | None = None, *,
@@ -52,16 +54,21 @@ def create_app(settings: Settings | None = None, engine: ScoringEngine | None = 
     settings = settings or load_settings()
     core = ScoringCore(settings, engine)
     drain = Drain(core)
+    in_flight = InFlight()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         if owns_process and not drain.on_sigterm():
             log.warning("could not hook SIGTERM; draining starts when the server shuts the app down")
         warmup = asyncio.create_task(asyncio.to_thread(warm_up, core, owns_process))
+        in_flight.bind()
         try:
             yield
         finally:
             await asyncio.to_thread(drain)
+            # The engine has answered everything it will; keep the event loop running until those answers are
+            # sent (granian 2.8 runs this shutdown at once on SIGTERM and stops the loop when it returns).
+            await in_flight.idle(_SEND_AFTER_DRAIN_S)
             warmup.cancel()  # if still running, its thread finishes on its own; nothing waits for it
             with contextlib.suppress(asyncio.CancelledError):
                 await warmup
@@ -91,9 +98,43 @@ def create_app(settings: Settings | None = None, engine: ScoringEngine | None = 
         ),
         request_max_body_size=settings.max_body_bytes,
         logging_config=None,  # the process's logging is handler.logs' (or the host's), not Litestar's
+        middleware=[in_flight.middleware],
     )
     app.state.core = core
     return app
+
+
+class InFlight:
+    """Counts the HTTP exchanges the app is still answering, so that shutdown can wait until they are sent."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle: asyncio.Event | None = None
+
+    def bind(self) -> None:
+        """Create the event on the running loop (the lifespan's)."""
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def middleware(self, app: Any) -> Any:
+        async def counted(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] != "http" or self._idle is None:
+                await app(scope, receive, send)
+                return
+            self.count += 1
+            self._idle.clear()
+            try:
+                await app(scope, receive, send)
+            finally:
+                self.count -= 1
+                if self.count == 0:
+                    self._idle.set()
+        return counted
+
+    async def idle(self, timeout: float) -> None:
+        if self._idle is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout)
 
 
 def _route_handler(core: ScoringCore, path: str, endpoint: Endpoint) -> HTTPRouteHandler:

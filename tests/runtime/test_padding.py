@@ -34,5 +34,6 @@ def test_batches_larger_than_the_largest_bucket_are_split(scorer):
     together = scorer.score(sequences, [5, 6])
     one_by_one = np.concatenate([scorer.score([seq], [5, 6]) for seq in sequences])
     # Random tokens give log-probs near -20, where float32 rounding of XLA's batch-size-dependent matmul
-    # kernels reaches 1e-5 absolute; 1e-6 relative still exposes any leak between rows (>= 1e-3).
-    np.testing.assert_allclose(together, one_by_one, atol=1e-5, rtol=1e-6)
+    # kernels reaches 5.9e-5 absolute (3e-6 relative; jax 0.10.2 on this CPU, before and after the attention
+    # moved to jax.nn.dot_product_attention); 1e-4 still exposes any leak between rows (>= 1e-3).
+    np.testing.assert_allclose(together, one_by_one, atol=1e-4, rtol=0)
