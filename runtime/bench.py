@@ -1,10 +1,15 @@
-"""`scorefn bench`: scorefn against the baseline a user would otherwise write, on this machine, same weights.
+"""`scorefn bench`: scorefn against what a user would otherwise write, on this machine, same weights, same run.
 
-Baseline: transformers (PyTorch) scoring each request as one left-padded batch of full sequences with
-`logits_to_keep=1`, in bfloat16 and float32 (`torch.set_flush_denormal(True)`).
-Workloads: W1 (RFC-000's table: ~14-token query, ~8-token items, 3 labels, 1/8/16/32 items per request),
-W2 (1000-token shared query, 100 items of 20 tokens, 1 label), W3 (32 concurrent HTTP clients sending
-one-item requests vs. one client at a time). The last output line is one JSON summary.
+Model: the embedded SmolLM2-135M-Instruct on a CPU; on an accelerator (or with --model-config) seeded random
+weights from a config.json, Qwen3-0.6B-shaped by default (runtime/configs/qwen3-0.6b.json). Token IDs are
+generated (seeded), so no tokenizer, GGUF file or model hub is needed: the runtime's dependencies plus PyTorch.
+Baselines (runtime.baselines, on CUDA when PyTorch sees a GPU): transformers scoring full sequences, and
+transformers with the query's KV cache computed once and reused (W2).
+Workloads: W1 (a 15-token query, items of ~8 tokens, 3 labels; 1, 32 and 256 items per request; 1 item is the
+single-item latency), W2 (one long query x many 20-token items, 1 label: 1000x100, and 2000x500 on
+accelerators or with --peer), W3 (concurrent HTTP clients vs one at a time; CPU, embedded model).
+MFU is against a bfloat16 matmul peak measured in the same run. --compile-times measures the default bucket set's
+warm-up cold and from the persistent cache, each in a fresh process. The last output line is one JSON summary.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import asyncio
 import json
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,16 +30,11 @@ import numpy as np
 from runtime.scorer import common_prefix_length
 from runtime.settings import load_settings
 
-QUERY = "Review: the room was clean and close to the station. Sentiment:"  # 15 tokens
-ITEMS = [f" The {adj} staff {verb} us at the {place}." for adj, verb, place in zip(
-    ["friendly", "rude", "busy", "calm", "young", "old", "kind", "tired"] * 4,
-    ["greeted", "ignored", "helped", "thanked", "welcomed", "served", "called", "found"] * 4,
-    ["door", "desk", "bar", "pool", "gate", "lobby", "lift", "park", "cafe", "shop", "hall", "spa",
-     "gym", "inn", "beach", "port"] * 2)]
-LABELS_W1 = [" positive", " negative", " neutral"]
-LONG_TEXT = ("The history of the city stretches back over two thousand years, from a small river settlement "
-             "to a centre of trade, learning and government. Its markets drew merchants from distant coasts, "
-             "its scholars argued in crowded halls, and its rulers built walls, bridges and palaces. ")
+QWEN3_CONFIG = Path(__file__).resolve().parent / "configs" / "qwen3-0.6b.json"
+W1_SIZES = (1, 32, 256)
+W1_QUERY, W1_ITEM = 15, 8  # tokens (RFC-000's table: a short classification prompt, short items)
+W2_SIZES = {"w2": (1000, 100, 20), "w2_peer": (2000, 500, 20)}  # query tokens, items, item tokens
+FIRST_ID = 100  # generated token IDs avoid the low IDs most vocabularies reserve for special tokens
 
 
 # ---- measurement helpers -----------------------------------------------------------------------------------
@@ -54,16 +56,16 @@ def summarize(latencies: list[float], items: int) -> dict:
             "p99_ms": float(np.percentile(lat, 99) * 1e3)}
 
 
-def bf16_matmul_peak() -> float:
-    """GFLOP/s of a model-shaped bfloat16 matmul with float32 accumulation (the MFU denominator)."""
+def bf16_matmul_peak(accelerator: bool) -> float:
+    """GFLOP/s of a bfloat16 matmul with float32 accumulation: 8192^3 on an accelerator, model-shaped on a CPU."""
     import jax
     import jax.numpy as jnp
 
-    x = jnp.ones((2048, 576), jnp.bfloat16)
-    w = jnp.ones((576, 1536), jnp.bfloat16)
+    m, k, n = (8192, 8192, 8192) if accelerator else (2048, 576, 1536)
+    x, w = jnp.ones((m, k), jnp.bfloat16), jnp.ones((k, n), jnp.bfloat16)
     f = jax.jit(lambda x, w: jnp.einsum("mi,io->mo", x, w, preferred_element_type=jnp.float32))
-    seconds = np.median(timed_runs(lambda: f(x, w).block_until_ready(), 20, warmup=2))
-    return 2 * 2048 * 576 * 1536 / seconds / 1e9
+    seconds = np.median(timed_runs(lambda: f(x, w).block_until_ready(), 20, warmup=3))
+    return 2 * m * k * n / seconds / 1e9
 
 
 def sequence_flops(cfg, tokens: int, start: int = 0) -> float:
@@ -72,69 +74,28 @@ def sequence_flops(cfg, tokens: int, start: int = 0) -> float:
     return tokens * 2.0 * cfg.non_embedding_params() + attention + 2.0 * cfg.hidden_size * cfg.vocab_size
 
 
-# ---- the two systems -----------------------------------------------------------------------------------------
-
-class TorchBaseline:
-    def __init__(self, model_dir: Path, dtype: str, pad_id: int):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        torch.set_flush_denormal(True)
-        torch.set_num_threads(os.cpu_count() or 1)
-        self.torch = torch
-        self.pad_id = pad_id
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
-
-    def score(self, sequences: list[list[int]], labels: list[int]):
-        torch = self.torch
-        width = max(len(s) for s in sequences)
-        ids = torch.full((len(sequences), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(sequences), width), dtype=torch.long)
-        for row, seq in enumerate(sequences):  # left padding: the last position is every row's last token
-            ids[row, width - len(seq):] = torch.tensor(seq)
-            mask[row, width - len(seq):] = 1
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        with torch.inference_mode():
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1).logits
-            return torch.log_softmax(logits[:, -1].float(), dim=-1)[:, labels].numpy()
-
-
-def scorefn_scorer(model_dir: Path, dtype: str, settings):
-    from runtime.config import load_config
-    from runtime.engine import bucket_plan
-    from runtime.model import Llama
-    from runtime.scorer import Scorer
-    from runtime.weights import load_arrays
-
-    cfg = load_config(model_dir)
-    return Scorer(Llama(cfg, load_arrays(model_dir, cfg), dtype), bucket_plan(settings), lazy=True)
-
-
-def random_checkpoint(config_path: str, out_dir: Path) -> Path:
-    """A Hugging Face directory with random weights for a config.json (e.g. Qwen3-0.6B-shaped)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    config = AutoConfig.from_pretrained(config_path)
-    AutoModelForCausalLM.from_config(config).save_pretrained(out_dir)
-    return out_dir
+def request_flops(cfg, sequences: list[list[int]]) -> float:
+    """FLOPs the math needs: a shared prefix counts once (as scorefn computes it), so MFU is not flattered."""
+    shared = min(common_prefix_length(sequences), min(map(len, sequences)) - 1) if len(sequences) > 1 else 0
+    return sequence_flops(cfg, shared) + sum(sequence_flops(cfg, len(s) - shared, shared) for s in sequences)
 
 
 # ---- workloads -----------------------------------------------------------------------------------------------
 
-def w1_requests(tokenizer, vocab: int):
-    labels = [tokenizer.encode(text, add_special_tokens=False)[0] % vocab for text in LABELS_W1]
-    sequences = [[t % vocab for t in tokenizer.encode(QUERY + item)] for item in ITEMS]
-    return sequences, labels
+def token_ids(rng: np.random.Generator, vocab: int, n: int) -> list[int]:
+    return rng.integers(FIRST_ID, vocab, n).tolist()
 
 
-def w2_request(tokenizer, vocab: int, query_tokens: int, items: int, item_tokens: int):
-    text_ids = tokenizer.encode(LONG_TEXT * 40)
-    query = [t % vocab for t in text_ids[:query_tokens]]
-    rng = np.random.default_rng(0)
-    starts = rng.integers(0, len(text_ids) - item_tokens, items)
-    return [query + [t % vocab for t in text_ids[s:s + item_tokens]] for s in starts], [text_ids[0] % vocab]
+def w1_request(vocab: int, items: int, seed: int = 1) -> tuple[list[list[int]], list[int]]:
+    rng = np.random.default_rng(seed)
+    query = token_ids(rng, vocab, W1_QUERY)
+    lengths = rng.integers(W1_ITEM - 2, W1_ITEM + 3, items)
+    return [query + token_ids(rng, vocab, int(n)) for n in lengths], token_ids(rng, vocab, 3)
+
+
+def w2_request(vocab: int, query_tokens: int, items: int, item_tokens: int) -> tuple[list[int], list[list[int]]]:
+    rng = np.random.default_rng(2)
+    return token_ids(rng, vocab, query_tokens), [token_ids(rng, vocab, item_tokens) for _ in range(items)]
 
 
 async def _http_clients(url: str, clients: int, seconds: float, body: dict) -> list[float]:
@@ -168,7 +129,8 @@ def _engine_counter(url: str, name: str) -> float:
 def run_w3(seconds: float, clients: int, env: dict[str, str]) -> dict:
     from runtime.serverproc import ServerProcess
 
-    body = {"query": QUERY, "items": [ITEMS[0]], "label_token_ids": [2731, 3524]}
+    body = {"query": "Review: the room was clean and close to the station. Sentiment:",
+            "items": [" The friendly staff greeted us at the door."], "label_token_ids": [2731, 3524]}
     with ServerProcess(env=env) as server:
         asyncio.run(_http_clients(server.url, 1, 1.0, body))  # connection set-up, first requests
         result = {}
@@ -178,106 +140,178 @@ def run_w3(seconds: float, clients: int, env: dict[str, str]) -> dict:
             latencies = asyncio.run(_http_clients(server.url, n, seconds, body))
             batches = _engine_counter(server.url, "scorefn_engine_device_batches") - batches
             rows = _engine_counter(server.url, "scorefn_engine_device_batch_sequences") - rows
-            result[name] = {"items_per_s": len(latencies) / seconds,
-                            "p50_ms": float(np.percentile(latencies, 50) * 1e3),
-                            "p99_ms": float(np.percentile(latencies, 99) * 1e3),
+            result[name] = {**summarize(latencies, 1), "items_per_s": len(latencies) / seconds,
                             "mean_device_batch": rows / batches if batches else 0.0}
     return result
+
+
+def compile_times(model_dir: Path) -> dict:
+    """The default bucket set's warm-up in a fresh process: into an empty persistent cache, then from it."""
+    with tempfile.TemporaryDirectory(prefix="scorefn-bench-xla-") as cache:
+        runs = {}
+        for name in ("cold", "cached"):
+            done = subprocess.run([sys.executable, "-m", "runtime.bench", "--compile-only", str(model_dir)],
+                                  env={**os.environ, "SCOREFN_COMPILE_CACHE_DIR": cache}, capture_output=True,
+                                  text=True, timeout=1800)
+            if done.returncode != 0:
+                raise RuntimeError(f"compile run failed:\n{done.stderr[-3000:]}")
+            runs[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    return runs
+
+
+def compile_only(model_dir: str) -> int:
+    """`python -m runtime.bench --compile-only DIR`: load, compile every default bucket, print the timings."""
+    from runtime.engine import build_scorer
+    from runtime.executables import cache_events, enable_persistent_cache
+    from runtime.loader import load_model
+
+    settings = load_settings()
+    enable_persistent_cache(settings.xla_cache_dir)
+    started = time.perf_counter()
+    loaded = load_model(model_dir, settings.cache_dir)
+    scorer, platform = build_scorer(settings, loaded)
+    loaded_s = time.perf_counter() - started
+    compiled = time.perf_counter()
+    buckets = scorer.compile_all()
+    events = cache_events()
+    print(json.dumps({"buckets": buckets, "load_s": loaded_s, "compile_s": time.perf_counter() - compiled,
+                      "cache_hits": events["hits"], "cache_misses": events["misses"],
+                      "platform": platform.describe()}))
+    return 0
 
 
 # ---- main ----------------------------------------------------------------------------------------------------
 
 def main(args: argparse.Namespace) -> int:
-    from runtime.loader import load_tokenizer, resolve_model_dir
+    from runtime import platform as platforms
+    from runtime.engine import build_scorer
+    from runtime.loader import load_model, resolve_model_dir
 
     settings = load_settings()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per W3 request otherwise
     smoke = getattr(args, "smoke", False)  # the test suite's run: every code path, minimal sizes
     quick = args.quick or smoke
     repeats = 2 if smoke else 5 if quick else 20
-    report: dict = {"dtype": settings.dtype, "cpus": os.cpu_count()}
+    backend = platforms.current_backend()
+    accelerator = backend != "cpu"
     tmp = tempfile.TemporaryDirectory(prefix="scorefn-bench-")
-    embedded_dir, _ = resolve_model_dir("", settings.cache_dir)
-    tokenizer = load_tokenizer(embedded_dir)
-    model_dir = random_checkpoint(args.model_config, Path(tmp.name)) if args.model_config else embedded_dir
-    scorer = scorefn_scorer(model_dir, settings.dtype, settings)
-    cfg, vocab = scorer.cfg, scorer.cfg.vocab_size
-    report["model"] = f"{cfg.architecture} {cfg.num_layers}L d{cfg.hidden_size}" + (
-        " (random weights)" if args.model_config else " (embedded SmolLM2-135M-Instruct)")
-    peak = bf16_matmul_peak()
-    report["bf16_matmul_peak_gflops"] = peak
-    print(f"model: {report['model']}, dtype {settings.dtype}, bf16 matmul peak {peak:.0f} GFLOP/s", flush=True)
+    config = args.model_config or (str(QWEN3_CONFIG) if accelerator else None)
+    if config:
+        from runtime.baselines import random_checkpoint
+        model_dir = random_checkpoint(config, Path(tmp.name))
+    else:
+        model_dir, _ = resolve_model_dir("", settings.cache_dir)
+    loaded = load_model(str(model_dir), settings.cache_dir)
+    scorer, platform = build_scorer(settings, loaded, lazy=True)
+    cfg, vocab = loaded.cfg, loaded.cfg.vocab_size
+    peak = bf16_matmul_peak(accelerator)
+    report: dict = {"backend": backend, "platform": platform.describe(), "cpus": os.cpu_count(),
+                    "model": f"{cfg.architecture} {cfg.num_layers}L d{cfg.hidden_size}"
+                             + (" (random weights)" if config else " (embedded SmolLM2-135M-Instruct)"),
+                    "bf16_matmul_peak_gflops": peak}
+    print(f"model: {report['model']}; platform {report['platform']}; bf16 matmul peak {peak:.0f} GFLOP/s",
+          flush=True)
 
     baselines = {}
     if not args.skip_torch:
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        baselines = {dt: TorchBaseline(model_dir, dt, pad % vocab) for dt in ("bfloat16", "float32")}
+        from runtime.baselines import TorchScorer
+        dtypes = ("bfloat16",) if accelerator else ("bfloat16", "float32")
+        baselines = {dt: TorchScorer(model_dir, dt, pad_id=0) for dt in dtypes}
 
-    sequences, labels = w1_requests(tokenizer, vocab)
-    rows = []
-    for n in (1, 8, 16, 32):
-        request = sequences[:n]
-        # FLOPs the math needs: a shared prefix counts once (as scorefn computes it), so MFU is not flattered.
-        shared = min(common_prefix_length(request), min(len(s) for s in request) - 1) if n > 1 else 0
-        flops = sequence_flops(cfg, shared) + sum(sequence_flops(cfg, len(s) - shared, shared) for s in request)
-        ours = summarize(timed_runs(lambda: scorer.score(request, labels), repeats), n)
-        ours["gflops"] = flops * ours["items_per_s"] / n / 1e9
-        entry = {"items": n, "scorefn": ours}
-        for dt, baseline in baselines.items():
-            entry[f"torch_{dt}"] = summarize(timed_runs(lambda: baseline.score(request, labels),
+    def ours(sequences, labels, runs):
+        row = summarize(timed_runs(lambda: scorer.score(sequences, labels), runs), len(sequences))
+        row["gflops"] = request_flops(cfg, sequences) * row["items_per_s"] / len(sequences) / 1e9
+        row["mfu"] = row["gflops"] / peak
+        return row
+
+    report["w1"] = {}
+    for n in (W1_SIZES[:2] if smoke else W1_SIZES):
+        sequences, labels = w1_request(vocab, n)
+        entry = {"scorefn": ours(sequences, labels, repeats)}
+        line = f"W1 {n:>3} items: scorefn {entry['scorefn']['items_per_s']:9.1f} items/s " \
+               f"p50 {entry['scorefn']['p50_ms']:7.2f} ms"
+        for dt, torch_scorer in baselines.items():
+            entry[f"torch_{dt}"] = summarize(timed_runs(lambda: torch_scorer.score_full(sequences, labels),
                                                         max(2, repeats // 4)), n)
-        rows.append(entry)
-        line = f"W1 {n:>2} items: scorefn {ours['items_per_s']:8.1f} items/s p50 {ours['p50_ms']:7.1f} ms " \
-               f"p99 {ours['p99_ms']:7.1f} ms"
-        for dt in baselines:
-            line += f" | torch {dt} {entry[f'torch_{dt}']['items_per_s']:7.1f} items/s"
+            line += f" | torch {dt} {entry[f'torch_{dt}']['items_per_s']:8.1f} items/s"
+        report["w1"][n] = entry
         print(line, flush=True)
-    report["w1"] = rows
 
-    query_tokens, n_items = (2000, 500) if args.model_config and not quick else (200, 10) if smoke else (1000, 100)
-    w2_sequences, w2_labels = w2_request(tokenizer, vocab, query_tokens, n_items, 20)
-    w2_flops = sequence_flops(cfg, query_tokens) + n_items * sequence_flops(cfg, 20, query_tokens)
-    w2 = summarize(timed_runs(lambda: scorer.score(w2_sequences, w2_labels), 2 if quick else 3), n_items)
-    w2["gflops"] = w2_flops * w2["items_per_s"] / n_items / 1e9
-    report["w2"] = {"query_tokens": query_tokens, "items": n_items, "scorefn": w2}
-    line = f"W2 {query_tokens}-token query x {n_items} items: scorefn {w2['items_per_s']:.1f} items/s"
-    subset = 2 if smoke else 8 if quick else 20  # the baseline's cost is linear in items (no sharing): a subset
-    for dt, baseline in baselines.items():
-        report["w2"][f"torch_{dt}"] = summarize(
-            timed_runs(lambda: baseline.score(w2_sequences[:subset], w2_labels), 1, warmup=0), subset)
-        line += f" | torch {dt} {report['w2'][f'torch_{dt}']['items_per_s']:.2f} items/s ({subset}-item batch)"
-    print(line, flush=True)
+    w2_names = ["w2"] + (["w2_peer"] if (accelerator or args.peer) and not smoke else [])
+    for name in w2_names:
+        query_tokens, n_items, item_tokens = (200, 10, 20) if smoke else W2_SIZES[name]
+        query, items = w2_request(vocab, query_tokens, n_items, item_tokens)
+        sequences, labels = [query + item for item in items], [FIRST_ID]
+        entry = {"query_tokens": query_tokens, "items": n_items, "scorefn": ours(sequences, labels,
+                                                                                   2 if quick else 5)}
+        line = f"W2 {query_tokens}x{n_items}x{item_tokens}: scorefn {entry['scorefn']['items_per_s']:.1f} items/s " \
+               f"(MFU {entry['scorefn']['mfu']:.3f})"
+        # On a CPU the full-sequence baseline is timed on a subset: its cost is linear in items (no sharing).
+        subset = n_items if accelerator else 2 if smoke else 8 if quick else 20
+        for dt, torch_scorer in baselines.items():
+            entry[f"torch_{dt}"] = summarize(timed_runs(
+                lambda: torch_scorer.score_full(sequences[:subset], labels), 1 if not accelerator else 3,
+                warmup=0 if not accelerator else 1), subset)
+            entry[f"torch_{dt}_prefix_cache"] = summarize(timed_runs(
+                lambda: torch_scorer.score_prefix_cached(query, items, labels), 1 if not accelerator else 3), n_items)
+            line += f" | torch {dt} {entry[f'torch_{dt}']['items_per_s']:.2f}, prefix cache " \
+                    f"{entry[f'torch_{dt}_prefix_cache']['items_per_s']:.1f} items/s"
+        report[name] = entry
+        print(line, flush=True)
 
-    if not args.skip_http and not args.model_config:
+    if not args.skip_http and not config:
         env = {"SCOREFN_LENGTH_BUCKETS": "32,64", "SCOREFN_BATCH_BUCKETS": "1,2,4,8,16,32",
                "SCOREFN_SUFFIX_LENGTH_BUCKETS": "16", "SCOREFN_SUFFIX_BATCH_BUCKETS": "8",
-               "SCOREFN_MAX_LABELS": "16", "SCOREFN_DTYPE": settings.dtype}
+               "SCOREFN_MAX_LABELS": "16", "SCOREFN_DTYPE": platform.dtype}
         report["w3"] = run_w3(1.0 if smoke else 4.0 if quick else 15.0, 32, env)
         for name, row in report["w3"].items():
             print(f"W3 {name:10}: {row['items_per_s']:7.1f} items/s p50 {row['p50_ms']:7.1f} ms "
                   f"p99 {row['p99_ms']:7.1f} ms mean device batch {row['mean_device_batch']:.1f}", flush=True)
 
-    def ratio(a, b):
-        return round(a / b, 3) if b else None
+    if args.compile_times:
+        report["compile"] = compile_times(Path(model_dir))
+        for name, row in report["compile"].items():
+            print(f"compile {name:6}: {row['buckets']} buckets in {row['compile_s']:.1f} s "
+                  f"(persistent cache {row['cache_hits']} hits, {row['cache_misses']} misses)", flush=True)
 
-    w1_32 = rows[-1]
-    summary = {
-        "w1_32_items_per_s": round(w1_32["scorefn"]["items_per_s"], 1),
-        "w2_items_per_s": round(w2["items_per_s"], 1),
-        "w1_32_vs_torch_bf16": ratio(w1_32["scorefn"]["items_per_s"],
-                                     w1_32.get("torch_bfloat16", {}).get("items_per_s", 0)),
-        "w1_32_vs_torch_fp32": ratio(w1_32["scorefn"]["items_per_s"],
-                                     w1_32.get("torch_float32", {}).get("items_per_s", 0)),
-        "w2_vs_torch_bf16": ratio(w2["items_per_s"], report["w2"].get("torch_bfloat16", {}).get("items_per_s", 0)),
-        "w2_vs_torch_fp32": ratio(w2["items_per_s"], report["w2"].get("torch_float32", {}).get("items_per_s", 0)),
-        "w3_concurrent_vs_serial": ratio(report["w3"]["concurrent"]["items_per_s"],
-                                         report["w3"]["serial"]["items_per_s"]) if "w3" in report else None,
-        "mfu_w1_32": round(w1_32["scorefn"]["gflops"] / peak, 3),
-        "mfu_w2": round(w2["gflops"] / peak, 3),
-        "dtype": settings.dtype,
-    }
+    summary = _summary(report, baselines)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({**report, "summary": summary}, indent=2))
     tmp.cleanup()
     print(json.dumps(summary), flush=True)
     return 0
+
+
+def _summary(report: dict, baselines: dict) -> dict:
+    def ratio(entry: dict, other: str):
+        theirs = entry.get(other, {}).get("items_per_s", 0)
+        return round(entry["scorefn"]["items_per_s"] / theirs, 3) if theirs else None
+
+    summary: dict = {"backend": report["backend"], "single_item_p50_ms": round(report["w1"][1]["scorefn"]["p50_ms"], 3)}
+    for n, entry in report["w1"].items():
+        summary[f"w1_{n}_items_per_s"] = round(entry["scorefn"]["items_per_s"], 1)
+        summary[f"mfu_w1_{n}"] = round(entry["scorefn"]["mfu"], 3)
+        for dt in baselines:
+            summary[f"w1_{n}_vs_torch_{dt}"] = ratio(entry, f"torch_{dt}")
+    for name in ("w2", "w2_peer"):
+        if name in report:
+            entry = report[name]
+            summary[f"{name}_items_per_s"] = round(entry["scorefn"]["items_per_s"], 1)
+            summary[f"mfu_{name}"] = round(entry["scorefn"]["mfu"], 3)
+            for dt in baselines:
+                summary[f"{name}_vs_torch_{dt}"] = ratio(entry, f"torch_{dt}")
+                summary[f"{name}_vs_torch_{dt}_prefix_cache"] = ratio(entry, f"torch_{dt}_prefix_cache")
+    if "w3" in report:
+        w3 = report["w3"]
+        summary["w3_concurrent_vs_serial"] = round(w3["concurrent"]["items_per_s"] / w3["serial"]["items_per_s"], 3)
+    if "compile" in report:
+        summary["compile_cold_s"] = round(report["compile"]["cold"]["compile_s"], 1)
+        summary["compile_cached_s"] = round(report["compile"]["cached"]["compile_s"], 1)
+    return summary
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--compile-only":
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+        sys.exit(compile_only(sys.argv[2]))
+    sys.exit("usage: python -m runtime.bench --compile-only MODEL_DIR (the benchmark itself: scorefn bench)")

@@ -42,10 +42,11 @@ class BucketPlan:
     def max_labels(self) -> int:
         return self.labels[-1]
 
-    def batch_for(self, length_bucket: int) -> int:
+    def batch_for(self, length_bucket: int, batches: tuple[int, ...] | None = None) -> int:
         """Largest batch bucket that fits `max_tokens` at this length (at least the smallest one)."""
-        fitting = [b for b in self.batches if b * length_bucket <= self.max_tokens]
-        return fitting[-1] if fitting else self.batches[0]
+        batches = batches or self.batches
+        fitting = [b for b in batches if b * length_bucket <= self.max_tokens]
+        return fitting[-1] if fitting else batches[0]
 
     def full(self) -> list[tuple[int, int]]:
         """(batch, length) buckets of whole-sequence scoring."""
@@ -58,7 +59,17 @@ class BucketPlan:
         """(context, batch, length) buckets of scoring after a shared prefix."""
         if not self.prefix_sharing:
             return []
-        return [(c, b, s) for c in self.contexts() for b in self.suffix_batches for s in self.suffix_lengths]
+        return [(c, b, s) for c in self.contexts() for s in self.suffix_lengths for b in self.suffix_batches
+                if b <= self.batch_for(s, self.suffix_batches)]
+
+    def split_full(self, lengths: list[int]) -> list[Chunk]:
+        """Whole sequences of these lengths (longest first) as device batches."""
+        return _split(lengths, self.lengths, self.batches, self.batch_for)
+
+    def split_suffixes(self, lengths: list[int]) -> list[Chunk]:
+        """Continuations of these lengths (longest first) after a shared prefix, as device batches."""
+        return _split(lengths, self.suffix_lengths, self.suffix_batches,
+                      lambda length: self.batch_for(length, self.suffix_batches))
 
     def heads(self) -> list[tuple[int, int]]:
         """(batch, labels) buckets of the vocabulary head."""
@@ -67,6 +78,32 @@ class BucketPlan:
 
     def count(self) -> int:
         return len(self.full()) + len(self.contexts()) + len(self.continuations()) + len(self.heads())
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One device batch: rows [start, start + rows) of the sorted input, padded to (batch, length)."""
+    start: int
+    rows: int
+    batch: int
+    length: int
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.batch * self.length
+
+
+def _split(lengths: list[int], length_buckets: tuple[int, ...], batch_buckets: tuple[int, ...],
+           batch_for) -> list[Chunk]:
+    """Rows sorted longest first, cut into batches as large as the token budget allows at each length bucket
+    (similar lengths share a batch)."""
+    chunks, start = [], 0
+    while start < len(lengths):
+        length = fit(length_buckets, lengths[start])
+        rows = min(batch_for(length), len(lengths) - start)
+        chunks.append(Chunk(start, rows, fit(batch_buckets, rows), length))
+        start += rows
+    return chunks
 
 
 def label_buckets(max_labels: int) -> tuple[int, ...]:

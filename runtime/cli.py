@@ -31,16 +31,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _one_shot_scorer(settings):
     """A scorer that compiles only the buckets a single CLI run touches."""
-    from runtime.engine import bucket_plan
+    from runtime.engine import build_scorer
     from runtime.executables import enable_persistent_cache
     from runtime.loader import load_model, load_tokenizer
-    from runtime.model import Llama
-    from runtime.scorer import Scorer
 
     enable_persistent_cache(settings.xla_cache_dir)
     loaded = load_model(settings.model, settings.cache_dir, settings.model_id)
-    model = Llama(loaded.cfg, loaded.arrays, settings.dtype)
-    return Scorer(model, bucket_plan(settings), lazy=True), load_tokenizer(loaded.model_dir)
+    scorer, _ = build_scorer(settings, loaded, lazy=True)
+    return scorer, load_tokenizer(loaded.model_dir)
 
 
 def _single_token(tokenizer, text: str) -> int:
@@ -125,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--item-first", action="store_true")
     score.add_argument("--apply-softmax", action="store_true")
     score.add_argument("--model", help="model directory or .gguf (default: SCOREFN_MODEL or the embedded model)")
-    score.add_argument("--dtype", choices=("float32", "bfloat16"))
+    score.add_argument("--dtype", choices=("auto", "float32", "bfloat16"))
     score.set_defaults(func=cmd_score)
 
     sub.add_parser("warmup", help="compile every bucket into the persistent cache and exit").set_defaults(
@@ -139,7 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmark against transformers (PyTorch) on this machine")
     bench.add_argument("--quick", action="store_true", help="a run under two minutes")
     bench.add_argument("--smoke", action="store_true", help="every workload at minimal size (the test suite's run)")
-    bench.add_argument("--model-config", help="config.json of a model to benchmark with random weights")
+    bench.add_argument("--model-config", help="config.json of a model to benchmark with random weights "
+                       "(default on GPU/TPU: runtime/configs/qwen3-0.6b.json; on CPU: the embedded model)")
+    bench.add_argument("--peer", action="store_true", help="also W2 at peer scale (2000x500x20; always on GPU/TPU)")
+    bench.add_argument("--compile-times", action="store_true",
+                       help="also time the default bucket set's warm-up, cold and from the persistent cache")
     bench.add_argument("--skip-http", action="store_true", help="skip W3 (concurrent HTTP clients)")
     bench.add_argument("--skip-torch", action="store_true", help="skip the transformers baseline")
     bench.add_argument("--json-out", help="also write the full report as JSON to this file")

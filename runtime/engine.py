@@ -12,7 +12,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -21,6 +22,9 @@ from runtime.buckets import BucketPlan, label_buckets
 from runtime.classifiers import Classifier, build_classifiers
 from runtime.loader import default_model_id
 from runtime.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from runtime.platform import Platform
 
 log = logging.getLogger("scorefn.runtime")
 
@@ -37,19 +41,46 @@ class _Request:
     request_id: str | None = None  # the HTTP request's id, for logs
 
 
-def bucket_plan(settings: Settings) -> BucketPlan:
+def bucket_plan(settings: Settings, platform: "Platform") -> BucketPlan:
     return BucketPlan(
-        lengths=settings.length_buckets, batches=settings.batch_buckets, max_tokens=settings.max_bucket_tokens,
+        lengths=settings.length_buckets, batches=platform.batch_buckets, max_tokens=platform.max_bucket_tokens,
         labels=label_buckets(settings.max_labels), context_lengths=settings.context_buckets,
         suffix_lengths=settings.suffix_length_buckets,
-        suffix_batches=settings.suffix_batch_buckets, prefix_sharing=settings.prefix_sharing)
+        suffix_batches=platform.suffix_batch_buckets, prefix_sharing=settings.prefix_sharing)
+
+
+def build_scorer(settings: Settings, loaded, *, lazy: bool = False):
+    """The scorer of a loaded model on this platform: dtype, kernels and buckets from runtime.platform, the
+    device mesh from SCOREFN_MESH. `lazy`: compile buckets on first use (one-shot CLI runs, never serving)."""
+    from runtime import platform as platforms
+    from runtime.executables import Executables, ExecutableStore
+    from runtime.model import Llama
+    from runtime.scorer import Scorer
+    from runtime.sharding import build_layout
+
+    platform = platforms.resolve(settings)
+    plan = bucket_plan(settings, platform)
+    platform = platforms.fit_to_model(platform, loaded.cfg, plan.max_length, explicit=settings.attention == "cudnn")
+    log.info("platform %s", platform.describe())
+
+    def model() -> Llama:
+        return Llama(loaded.cfg, loaded.arrays, platform.dtype, platform.kernels, plan.max_length)
+    store = ExecutableStore(Path(settings.xla_cache_dir) / "executables")
+    # SCOREFN_MESH; a bad layout (MeshError) stops the start here, before any compilation.
+    layout = build_layout(settings.mesh, loaded.cfg, plan)
+    if layout is None:  # one device: the unsharded runtime, unchanged
+        return Scorer(model(), plan, lazy=lazy, store=store), platform
+    with layout.staging():
+        sharded = model()
+    return Scorer(sharded, plan, executables=Executables(sharded, shardings=layout, lazy=lazy, store=store)), platform
 
 
 class Engine:
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or load_settings()
-        self.plan = bucket_plan(self.settings)
-        self.max_sequence_length = self.plan.max_length
+        self.plan: BucketPlan | None = None  # and the platform: known once started (they need JAX's backend)
+        self.platform = None
+        self.max_sequence_length = self.settings.length_buckets[-1]
         self.model_id = self.settings.model_id or default_model_id(self.settings.model)
         self.vocab_size = 0  # known once the model is loaded
         self.task = "causal_lm"  # known once the model is loaded: causal_lm | sequence_classification
@@ -63,6 +94,9 @@ class Engine:
         self._ready = threading.Event()
         self._stopping = False
         self._counters = {"device_rounds": 0, "round_sequences": 0}
+        self._in_flight = 0  # rounds dispatched and not yet answered
+        self.rounds_in_flight = 1  # the platform's, once started
+        self._in_flight_lock = threading.Lock()
 
     # ---- life cycle -------------------------------------------------------------------------------------
 
@@ -87,8 +121,10 @@ class Engine:
         self.task = loaded.cfg.task
         # Verbalizers are checked against the tokenizer before compiling: a bad declaration fails the start fast.
         self.classifiers = build_classifiers(self.settings.classifiers, loaded.cfg, self.model_id, self.tokenizer,
-                                             self.plan.max_labels)
-        self.scorer = self._build_scorer(loaded)
+                                             self.settings.max_labels)
+        self.scorer, self.platform = build_scorer(self.settings, loaded)
+        self.plan = self.scorer.plan
+        self.rounds_in_flight = self.platform.rounds_in_flight
         load_seconds = time.perf_counter() - started - import_seconds
 
         compile_started = time.perf_counter()
@@ -97,36 +133,25 @@ class Engine:
         after = executables.cache_events()
         self.timings = {"boot_s": boot_seconds, "import_s": import_seconds, "load_s": load_seconds,
                         "compile_s": time.perf_counter() - compile_started, "buckets": total,
+                        "stored": self.scorer.exe.loaded,
                         "cache_hits": after["hits"] - before["hits"],
                         "cache_misses": after["misses"] - before["misses"]}
-        log.info("warm-up done: %d buckets in %.1f s (persistent cache: %d hits, %d misses)", total,
-                 self.timings["compile_s"], self.timings["cache_hits"], self.timings["cache_misses"],
+        log.info("warm-up done: %d buckets in %.1f s (%d loaded from the executable store; persistent cache: "
+                 "%d hits, %d misses)", total, self.timings["compile_s"], self.timings["stored"],
+                 self.timings["cache_hits"], self.timings["cache_misses"],
                  extra={"json_fields": {"timings": self.timings}})
         self.start_with(self.scorer)
 
     def start_with(self, scorer) -> None:
         """Serve with a scorer that is ready to run (start() passes its warmed-up one; fault tests a stub)."""
         self.scorer = scorer
+        self.plan = getattr(scorer, "plan", self.plan)
         self._thread = threading.Thread(target=self._device_loop, name="scorefn-device", daemon=True)
         self._thread.start()
         self._ready.set()
 
-    def _build_scorer(self, loaded):
-        from runtime.executables import Executables
-        from runtime.model import Llama
-        from runtime.scorer import Scorer
-        from runtime.sharding import build_layout
-
-        # SCOREFN_MESH; a bad layout (MeshError) stops the start here, before any compilation.
-        layout = build_layout(self.settings.mesh, loaded.cfg, self.plan)
-        if layout is None:  # one device: the unsharded runtime, unchanged
-            return Scorer(Llama(loaded.cfg, loaded.arrays, self.settings.dtype), self.plan)
-        with layout.staging():
-            model = Llama(loaded.cfg, loaded.arrays, self.settings.dtype)
-        return Scorer(model, self.plan, executables=Executables(model, shardings=layout))
-
-    def _log_progress(self, i: int, n: int, name: str, seconds: float) -> None:
-        log.info("compiled bucket %d/%d %s in %.2f s", i, n, name, seconds)
+    def _log_progress(self, i: int, name: str, seconds: float) -> None:
+        log.info("bucket %d/%d %s ready in %.2f s", i, self.plan.count(), name, seconds)
 
     def stop(self, grace_seconds: float) -> None:
         """Refuse new work, let queued work finish within the grace period, stop the device thread."""
@@ -192,10 +217,11 @@ class Engine:
 
     # ---- the device thread ----------------------------------------------------------------------------
 
-    def _collect(self, first: _Request) -> tuple[list[_Request], bool]:
-        """`first` plus whatever arrives within batch_wait_ms, up to the largest batch bucket of rows."""
+    def _collect(self, first: _Request, wait: bool) -> tuple[list[_Request], bool]:
+        """`first` plus whatever is queued (and, if `wait`, arrives within batch_wait_ms), up to the largest batch
+        bucket of rows. Returns (requests, whether _STOP came)."""
         batch, rows = [first], len(first.sequences)
-        until = time.monotonic() + self.settings.batch_wait_ms / 1000.0
+        until = time.monotonic() + (self.settings.batch_wait_ms / 1000.0 if wait else 0.0)
         capacity = self.plan.batches[-1]
         while rows < capacity:
             remaining = until - time.monotonic()
@@ -211,20 +237,41 @@ class Engine:
         return batch, False
 
     def _device_loop(self) -> None:
+        """Plans and dispatches rounds; a fetcher thread waits for each one's results and answers its requests.
+
+        At most `rounds_in_flight` (runtime.platform) are dispatched and not yet fetched: with two, the next round
+        is planned, padded and dispatched while the device still runs the one before, so the device never waits
+        for the host; when every slot is taken, requests keep queueing and form a larger next round."""
+        fetch: queue.Queue = queue.Queue()
+        slots = threading.Semaphore(self.rounds_in_flight)
+        fetcher = threading.Thread(target=self._fetch_loop, args=(fetch, slots), name="scorefn-fetch", daemon=True)
+        fetcher.start()
         stop = False
         while not stop:
+            slots.acquire()
             first = self._queue.get()
             if first is _STOP:
                 self._queue.task_done()
                 break
-            batch, stop = self._collect(first)
-            try:
-                self._run_round(batch)
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
+            # With a round on the device, what queued meanwhile is the coalescing window: no extra wait.
+            batch, stop = self._collect(first, wait=self._in_flight == 0)
+            with self._in_flight_lock:
+                self._in_flight += 1
+            fetch.put(self._launch(batch))
+        fetch.put(_STOP)
+        fetcher.join()
 
-    def _run_round(self, batch: list[_Request]) -> None:
+    def _fetch_loop(self, fetch: queue.Queue, slots: threading.Semaphore) -> None:
+        while (launched := fetch.get()) is not _STOP:
+            try:
+                self._finish(launched)
+            finally:
+                with self._in_flight_lock:
+                    self._in_flight -= 1
+                slots.release()
+
+    def _launch(self, batch: list[_Request]) -> "_Round":
+        """Drop requests that were cancelled or waited past their deadline, dispatch the others' device work."""
         from runtime.scorer import Job
 
         now = time.monotonic()
@@ -237,28 +284,53 @@ class Engine:
                     f"waited {now - request.submitted:.2f} s in the queue, past the request deadline"))
                 continue
             live.append(request)
-        if not live:
-            return
-        started = time.perf_counter()
+        round = _Round(batch, live, now, time.perf_counter())
+        if live:
+            try:
+                round.dispatched = self.scorer.dispatch([Job(r.sequences, r.label_ids) for r in live])
+            except Exception as exc:
+                round.error = exc
+        return round
+
+    def _finish(self, round: "_Round") -> None:
+        """Fetch a launched round's results and answer its requests (a failed round fails all of them)."""
         try:
-            results = self.scorer.score_jobs([Job(r.sequences, r.label_ids) for r in live])
-        except Exception:
-            ids = [r.request_id for r in live]
-            log.exception("device round of %d requests failed (request ids: %s)", len(live), ", ".join(map(str, ids)),
-                          extra={"json_fields": {"request_ids": ids}})
-            for request in live:
-                request.future.set_exception(EngineFault("the device batch failed"))
-            return
-        device_seconds = time.perf_counter() - started
-        self._counters["device_rounds"] += 1
-        self._counters["round_sequences"] += sum(len(r.sequences) for r in live)
-        for request, logprobs in zip(live, results):
-            if not np.all(np.isfinite(logprobs)):
-                log.error("non-finite scores for request %s (%d sequences)", request.request_id,
-                          len(request.sequences), extra={"json_fields": {"request_ids": [request.request_id]}})
-                request.future.set_exception(EngineFault("the model produced non-finite scores"))
-                continue
-            request.future.set_result(ScoreResult(logprobs, now - request.submitted, device_seconds))
+            if not round.live:
+                return
+            try:
+                if round.error is not None:
+                    raise round.error
+                results = self.scorer.collect(round.dispatched)
+            except Exception:
+                ids = [r.request_id for r in round.live]
+                log.exception("device round of %d requests failed (request ids: %s)", len(round.live),
+                              ", ".join(map(str, ids)), extra={"json_fields": {"request_ids": ids}})
+                for request in round.live:
+                    request.future.set_exception(EngineFault("the device batch failed"))
+                return
+            device_seconds = time.perf_counter() - round.started
+            self._counters["device_rounds"] += 1
+            self._counters["round_sequences"] += sum(len(r.sequences) for r in round.live)
+            for request, logprobs in zip(round.live, results):
+                if not np.all(np.isfinite(logprobs)):
+                    log.error("non-finite scores for request %s (%d sequences)", request.request_id,
+                              len(request.sequences), extra={"json_fields": {"request_ids": [request.request_id]}})
+                    request.future.set_exception(EngineFault("the model produced non-finite scores"))
+                    continue
+                request.future.set_result(ScoreResult(logprobs, round.picked - request.submitted, device_seconds))
+        finally:
+            for _ in round.batch:
+                self._queue.task_done()
+
+
+@dataclasses.dataclass
+class _Round:
+    batch: list[_Request]  # as taken from the queue (each marked done once the round is finished)
+    live: list[_Request]  # those still wanted
+    picked: float  # time.monotonic() when the device thread took them
+    started: float  # time.perf_counter() at dispatch
+    dispatched: object = None  # the scorer's Round
+    error: Exception | None = None  # dispatching failed: finishing fails the requests
 
 
 def build_engine(settings: Settings | None = None) -> Engine:

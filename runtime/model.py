@@ -1,11 +1,11 @@
 """The Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) as one Flax NNX module, prefill only.
 
-Layers are stacked along a leading axis and run with `lax.scan`: one compiled layer body whatever the
-depth, so every shape bucket compiles in a fraction of the time an unrolled model takes.
-Weight matmuls take `dtype` inputs (float32 or bfloat16) and accumulate in float32; attention, norms,
-softmax, log-softmax, the residual stream and the embedding/vocabulary head stay in float32 (measured:
-bfloat16 attention moved the embedded model's log-probs by up to 0.06, float32 attention keeps them
-within 0.04 of the float32 reference).
+Layers are stacked along a leading axis and run with `lax.scan` (or unrolled where runtime.platform measured
+that it pays): one compiled layer body whatever the depth, so every shape bucket compiles quickly.
+Weight matmuls take `dtype` inputs (float32 or bfloat16) and accumulate in float32. Attention runs in
+`Kernels.attention_dtype` through runtime.attention (float32 on CPU: bfloat16 attention moved the embedded
+model's log-probs by up to 0.06 there; bfloat16 on accelerators, where cuDNN needs it). Norms, softmax,
+log-softmax, the residual stream and the embedding/vocabulary head stay in float32.
 
 Shapes: B batch, T query tokens, S key tokens, C context (shared-prefix) tokens, D hidden,
 H heads, K KV heads, G = H // K, E head dim, F MLP hidden, V vocabulary, L labels.
@@ -13,15 +13,26 @@ H heads, K KV heads, G = H // K, E head dim, F MLP hidden, V vocabulary, L label
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from runtime import attention
 from runtime.config import ModelConfig
 
 F32 = jnp.float32
-NEG_INF = -1e30  # finite: a fully masked row (a padded query) must not produce NaN
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """How the layers run; runtime.platform picks these per platform from measurements."""
+    unroll: bool = False  # unroll the layer loop instead of lax.scan
+    attention: str = "xla"  # implementation of jax.nn.dot_product_attention: xla | cudnn
+    attention_dtype: str = "float32"  # queries, keys and values of attention (and the shared-prefix KV)
+    matmul_precision: str | None = None  # traced under jax.default_matmul_precision (e.g. "highest": no TF32)
 
 
 def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
@@ -48,25 +59,18 @@ def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, j
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def causal_mask(q_pos: jax.Array, k_pos: jax.Array, window: int | None) -> jax.Array:
-    """[..., T, S] True where query position may attend key position."""
-    allowed = k_pos[..., None, :] <= q_pos[..., :, None]
-    if window is not None:
-        allowed &= k_pos[..., None, :] > q_pos[..., :, None] - window
-    return allowed
-
-
 class Llama(nnx.Module):
     """Weights are given as a dict of NumPy arrays in this module's layout (see runtime.weights)."""
 
     def __init__(self, cfg: ModelConfig, arrays: dict[str, np.ndarray], dtype: str = "float32",
-                 unroll: bool | None = None):
+                 kernels: Kernels | None = None, max_length: int | None = None):
+        """`max_length`: the longest sequence served; a sliding window at least that long never masks anything."""
         self.cfg = cfg
         self.dtype = jnp.dtype(dtype)
-        # XLA:CPU runs bfloat16 matmuls at full speed only on statically sliced weights (measured 1.35x
-        # on the layer stack), so bfloat16 unrolls the layer loop; float32 keeps the rolled loop, which is
-        # as fast and compiles several times quicker.
-        self.unroll = bool(unroll) if unroll is not None else self.dtype == jnp.bfloat16
+        self.kernels = kernels or Kernels()
+        self.attention_dtype = jnp.dtype(self.kernels.attention_dtype)
+        window = cfg.sliding_window
+        self.window = window if window is not None and (max_length is None or window < max_length) else None
         norms = {"attn_norm", "mlp_norm", "q_norm", "k_norm", "final_norm"}
 
         def param(name: str) -> nnx.Param:
@@ -87,8 +91,9 @@ class Llama(nnx.Module):
 
     # ---- one decoder layer (the scan body) -------------------------------------------------------
 
-    def _layer(self, h, p, cos, sin, mask, ctx_k=None, ctx_v=None, ctx_mask=None):
-        """h [B, T, D] float32 -> (h, (k, v)); with a context, queries also attend ctx_k/ctx_v [C, K, E]."""
+    def _layer(self, h, p, cos, sin, ctx=None):
+        """h [B, T, D] float32 -> (h, (k, v)); with a context (ctx_k, ctx_v [C, K, E], ctx_len, positions [B, T]),
+        the queries also attend the context's first ctx_len keys."""
         cfg = self.cfg
         B, T, _ = h.shape
         x = rms_norm(h, p["attn_norm"], cfg.rms_norm_eps)
@@ -98,22 +103,12 @@ class Llama(nnx.Module):
         if cfg.qk_norm:
             q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
             k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
-        k = rotate(k, cos, sin)
-        q = rotate(q, cos, sin).reshape(B, T, cfg.num_kv_heads, cfg.kv_groups, cfg.head_dim) * cfg.head_dim ** -0.5
-
-        scores = jnp.einsum("btkge,bske->bkgts", q, k, preferred_element_type=F32)
-        scores = jnp.where(mask[:, None, None], scores, NEG_INF)  # mask [B, T, S]
-        if ctx_k is not None:
-            ctx_scores = jnp.einsum("btkge,ske->bkgts", q, ctx_k, preferred_element_type=F32)
-            ctx_scores = jnp.where(ctx_mask[:, None, None], ctx_scores, NEG_INF)  # ctx_mask [B, T, C]
-            scores = jnp.concatenate([ctx_scores, scores], axis=-1)
-        probs = jax.nn.softmax(scores, axis=-1)
-        if ctx_k is not None:
-            C = ctx_k.shape[0]
-            out = jnp.einsum("bkgts,ske->btkge", probs[..., :C], ctx_v, preferred_element_type=F32)
-            out += jnp.einsum("bkgts,bske->btkge", probs[..., C:], v, preferred_element_type=F32)
+        adt = self.attention_dtype
+        q, k, v = rotate(q, cos, sin).astype(adt), rotate(k, cos, sin).astype(adt), v.astype(adt)
+        if ctx is None:
+            out = attention.causal(q, k, v, self.window, self.kernels.attention)
         else:
-            out = jnp.einsum("bkgts,bske->btkge", probs, v, preferred_element_type=F32)
+            out = attention.after_context(q, k, v, *ctx, self.window, self.kernels.attention)
         h = h + dense(out.reshape(B, T, cfg.num_heads * cfg.head_dim), p["wo"], p.get("bo"))
 
         x = rms_norm(h, p["mlp_norm"], cfg.rms_norm_eps)
@@ -122,24 +117,25 @@ class Llama(nnx.Module):
         h = h + dense(jax.nn.silu(gate) * up, p["w_down"], p.get("b_down"))
         return h, (k, v)
 
-    def _run_layers(self, tokens, positions, mask, ctx=None, keep_kv=False):
+    def _run_layers(self, tokens, positions, ctx=None, keep_kv=False):
         cos, sin = rope_tables(positions, self.inv_freq[...])
         h = jnp.take(self.embed[...], tokens, axis=0).astype(F32)  # [B, T, D]
         layers = {name: value[...] for name, value in self.layers.items()}
+        unroll = self.kernels.unroll
 
         if ctx is None:
             def body(h, p):
-                h, (k, v) = self._layer(h, p, cos, sin, mask)
+                h, (k, v) = self._layer(h, p, cos, sin)
                 return h, ((k[0], v[0]) if keep_kv else None)  # keep_kv only for a batch of one
-            return jax.lax.scan(body, h, layers, unroll=self.unroll)
+            return jax.lax.scan(body, h, layers, unroll=unroll)
 
-        ctx_k, ctx_v, ctx_mask = ctx
+        ctx_k, ctx_v, ctx_len = ctx
 
         def body_ctx(h, xs):
             p, k, v = xs
-            h, _ = self._layer(h, p, cos, sin, mask, k, v, ctx_mask)
+            h, _ = self._layer(h, p, cos, sin, (k, v, ctx_len, positions))
             return h, None
-        return jax.lax.scan(body_ctx, h, (layers, ctx_k, ctx_v), unroll=self.unroll)
+        return jax.lax.scan(body_ctx, h, (layers, ctx_k, ctx_v), unroll=unroll)
 
     def _pool(self, h: jax.Array, last_index: jax.Array) -> jax.Array:
         last = jnp.take_along_axis(h, last_index[:, None, None], axis=1)[:, 0]  # [B, D]
@@ -150,30 +146,23 @@ class Llama(nnx.Module):
     def hidden(self, tokens: jax.Array, last_index: jax.Array) -> jax.Array:
         """tokens [B, T] right-padded, last_index [B] -> final-normed hidden state there [B, D] float32."""
         B, T = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(T), (B, T))
-        mask = causal_mask(positions, positions, self.cfg.sliding_window)
-        h, _ = self._run_layers(tokens, positions, mask)
+        h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)))
         return self._pool(h, last_index)
 
     def prefill_context(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """tokens [1, C] right-padded -> rotated keys and values of every layer, each [Layers, C, K, E]."""
+        """tokens [1, C] right-padded -> rotated keys and values of every layer, each [Layers, C, K, E] in the
+        attention dtype."""
         _, C = tokens.shape
-        positions = jnp.arange(C)[None]
-        mask = causal_mask(positions, positions, self.cfg.sliding_window)
-        _, (k, v) = self._run_layers(tokens, positions, mask, keep_kv=True)
+        _, (k, v) = self._run_layers(tokens, jnp.arange(C)[None], keep_kv=True)
         return k, v
 
     def hidden_after_context(self, ctx_k, ctx_v, ctx_len, tokens, last_index) -> jax.Array:
         """Score continuations of a shared prefix: tokens [B, T] start at position ctx_len and attend to
-        the first ctx_len context keys plus their own causal keys. Returns [B, D] float32."""
+        the first ctx_len context keys (ctx_k, ctx_v [Layers, C, K, E]) plus their own causal keys.
+        Returns [B, D] float32."""
         B, T = tokens.shape
-        C = ctx_k.shape[1]  # ctx_k, ctx_v [Layers, C, K, E]
         positions = ctx_len + jnp.broadcast_to(jnp.arange(T), (B, T))
-        mask = causal_mask(positions, positions, self.cfg.sliding_window)
-        ctx_positions = jnp.broadcast_to(jnp.arange(C), (B, C))
-        ctx_mask = causal_mask(positions, ctx_positions, self.cfg.sliding_window)  # [B, T, C]
-        ctx_mask &= (ctx_positions < ctx_len)[:, None, :]  # padding of the context bucket
-        h, _ = self._run_layers(tokens, positions, mask, (ctx_k, ctx_v, ctx_mask))
+        h, _ = self._run_layers(tokens, positions, (ctx_k, ctx_v, ctx_len))
         return self._pool(h, last_index)
 
     def label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:

@@ -1,10 +1,14 @@
-"""Synchronous scoring on precompiled buckets: plan device batches, pad, run, unpad.
+"""Scoring on precompiled buckets: plan device batches, pad, dispatch, then fetch every result at once.
 
 Two ways to score a request's sequences, picked by padded-token cost:
 - full: every sequence on its own row (rows of several requests share device batches);
 - shared prefix: the longest common token prefix runs once, the items' remaining tokens then
   attend to its keys/values, with positions continuing after it.
 Right padding never changes a score: real tokens attend only to earlier positions.
+
+`dispatch` launches every device batch of a round without waiting for any (JAX dispatches asynchronously);
+`collect` fetches all their outputs in one transfer. The engine plans and dispatches the next round while
+the device still runs this one.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ import os
 import time
 from typing import Callable, Sequence
 
+import jax
 import numpy as np
 
-from runtime.buckets import BucketPlan, SequenceTooLong, fit
-from runtime.executables import Executables, spec
+from runtime.buckets import BucketPlan, Chunk, SequenceTooLong, fit
+from runtime.executables import Executables, ExecutableStore, spec
 from runtime.model import Llama
 
 log = logging.getLogger("scorefn.runtime")
@@ -38,6 +43,13 @@ class _Row:
     tokens: Sequence[int]
 
 
+@dataclasses.dataclass
+class Round:
+    """A dispatched round: each device batch's (still on-device) head output and the rows it holds."""
+    jobs: Sequence[Job]
+    pending: list[tuple[object, list[_Row]]]
+
+
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     first = sequences[0]
     length = min(len(s) for s in sequences)
@@ -51,22 +63,24 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
 
 class Scorer:
     def __init__(self, model: Llama, plan: BucketPlan, executables: Executables | None = None,
-                 lazy: bool = False):
+                 lazy: bool = False, store: ExecutableStore | None = None):
         self.cfg = model.cfg
         self.plan = plan
-        self.exe = executables or Executables(model, lazy=lazy)
+        self.exe = executables or Executables(model, lazy=lazy, store=store)
         self.hidden_size = self.cfg.hidden_size
+        self.attention_dtype = model.attention_dtype  # of the shared-prefix keys and values
         self.device_batches = 0  # forward passes run (for /metrics: mean rows per device batch)
         self.device_rows = 0
         self.prefix_batches = 0  # of which scored after a shared prefix
 
     # ---- warm-up --------------------------------------------------------------------------------------
 
-    def compile_all(self, progress: Callable[[int, int, str, float], None] | None = None) -> int:
-        """Compile every bucket once (through the persistent cache). Returns how many were compiled."""
+    def compile_all(self, progress: Callable[[int, str, float], None] | None = None) -> int:
+        """Compile every bucket once (from the executable store, else through the persistent cache).
+        Returns how many buckets there are; `progress(done, name, seconds)` after each one."""
         p, D = self.plan, self.hidden_size
         kv_shape = lambda c: (self.cfg.num_layers, c, self.cfg.num_kv_heads, self.cfg.head_dim)
-        kv_dtype = np.float32  # attention runs in float32 (runtime.model)
+        kv_dtype = self.attention_dtype
         work: list[tuple[str, tuple, tuple]] = []
         work += [("hidden", (b, t), (spec((b, t)), spec((b,)))) for b, t in p.full()]
         work += [("prefill_context", (c,), (spec((1, c)),)) for c in p.contexts()]
@@ -78,10 +92,19 @@ class Scorer:
         else:
             work += [("class_logits", (b,), (spec((b, D), np.float32),))
                      for b in sorted({b for b, _ in p.heads()})]
-        # Tracing holds the GIL, so it runs here one bucket at a time; XLA compiles (or loads from the
-        # persistent cache) in a pool meanwhile, on every core.
-        todo = [(method, key, args) for method, key, args in work if not self.exe.has(method, key)]
-        done = 0
+        # Executables in the store load without tracing. Tracing holds the GIL, so it runs here one bucket at a
+        # time; XLA compiles (or loads from the persistent cache) in a pool meanwhile, on every core.
+        todo, done = [], 0
+        for method, key, args in work:
+            if self.exe.has(method, key):
+                continue
+            started = time.perf_counter()
+            if self.exe.load_stored(method, key):
+                done += 1
+                if progress:
+                    progress(done, f"{method}{key}", time.perf_counter() - started)
+            else:
+                todo.append((method, key, args))
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             def compile_one(method: str, key: tuple, lowered, traced: float) -> tuple[str, float]:
                 started = time.perf_counter()
@@ -96,7 +119,7 @@ class Scorer:
                 name, seconds = future.result()
                 done += 1
                 if progress:
-                    progress(done, len(todo), name, seconds)
+                    progress(done, name, seconds)
         return len(work)
 
     # ---- scoring ----------------------------------------------------------------------------------------
@@ -114,12 +137,15 @@ class Scorer:
 
     def score_jobs(self, jobs: Sequence[Job]) -> list[np.ndarray]:
         """Score several requests at once; rows of requests scored in full share device batches."""
+        return self.collect(self.dispatch(jobs))
+
+    def dispatch(self, jobs: Sequence[Job]) -> Round:
+        """Check, plan and launch every device batch of these requests; nothing waits for the device."""
         for job in jobs:
             self.check(job.sequences)
             if len(job.label_ids) > self.plan.max_labels:
                 raise ValueError(f"{len(job.label_ids)} labels exceed the limit of {self.plan.max_labels}")
-        results = [np.empty((len(job.sequences), len(job.label_ids)), np.float32) for job in jobs]
-        pending: list[tuple[object, list[_Row]]] = []  # device outputs, fetched after all are dispatched
+        pending: list[tuple[object, list[_Row]]] = []
         full_rows: list[_Row] = []
         for j, job in enumerate(jobs):
             prefix = self._prefix_length(job.sequences)
@@ -128,10 +154,15 @@ class Scorer:
             else:
                 full_rows += [_Row(j, i, seq) for i, seq in enumerate(job.sequences)]
         pending += self._dispatch_full(full_rows, jobs)
-        for output, rows in pending:
-            values = np.asarray(output)
+        return Round(jobs, pending)
+
+    def collect(self, round: Round) -> list[np.ndarray]:
+        """Wait for a dispatched round and fetch all its outputs in one transfer: [n_sequences, n_labels] per job."""
+        results = [np.empty((len(job.sequences), len(job.label_ids)), np.float32) for job in round.jobs]
+        fetched = jax.device_get([output for output, _ in round.pending])
+        for values, (_, rows) in zip(fetched, round.pending):
             for r, row in enumerate(rows):
-                results[row.job][row.index] = values[r, : len(jobs[row.job].label_ids)]
+                results[row.job][row.index] = values[r, : len(round.jobs[row.job].label_ids)]
         return results
 
     def _prefix_length(self, sequences: Sequence[Sequence[int]]) -> int:
@@ -144,15 +175,8 @@ class Scorer:
         contexts = p.contexts()
         if shared == 0 or rests[0] > p.suffix_lengths[-1] or not contexts or shared > contexts[-1]:
             return 0
-        shared_cost = fit(contexts, shared) + sum(
-            fit(p.suffix_batches, len(chunk)) * fit(p.suffix_lengths, chunk[0])
-            for chunk in _chunks(rests, p.suffix_batches[-1]))
-        full_cost = 0
-        lengths = sorted((len(s) for s in sequences), reverse=True)
-        while lengths:
-            bucket = fit(p.lengths, lengths[0])
-            chunk, lengths = lengths[: p.batch_for(bucket)], lengths[p.batch_for(bucket):]
-            full_cost += fit(p.batches, len(chunk)) * bucket
+        shared_cost = fit(contexts, shared) + sum(c.padded_tokens for c in p.split_suffixes(rests))
+        full_cost = sum(c.padded_tokens for c in p.split_full(sorted(map(len, sequences), reverse=True)))
         return shared if shared_cost < full_cost else 0
 
     def _head(self, hidden, rows: list[_Row], jobs: Sequence[Job], batch: int):
@@ -166,16 +190,12 @@ class Scorer:
         return self.exe("class_logits", (batch,), hidden)
 
     def _dispatch_full(self, rows: list[_Row], jobs: Sequence[Job]) -> list[tuple[object, list[_Row]]]:
-        p = self.plan
         rows = sorted(rows, key=lambda row: len(row.tokens), reverse=True)  # similar lengths share a batch
         out = []
-        while rows:
-            length = fit(p.lengths, len(rows[0].tokens))
-            rows_per_batch = p.batch_for(length)
-            chunk, rows = rows[:rows_per_batch], rows[rows_per_batch:]
-            batch = fit(p.batches, len(chunk))
-            hidden = self.exe("hidden", (batch, length), *_padded(chunk, batch, length))
-            out.append(self._scored(hidden, chunk, jobs, batch))
+        for chunk in self.plan.split_full([len(row.tokens) for row in rows]):
+            batch_rows = rows[chunk.start: chunk.start + chunk.rows]
+            hidden = self.exe("hidden", (chunk.batch, chunk.length), *_padded(batch_rows, chunk))
+            out.append(self._scored(hidden, batch_rows, jobs, chunk.batch))
         return out
 
     def _dispatch_shared_prefix(self, j: int, jobs: Sequence[Job], shared: int) -> list[tuple[object, list[_Row]]]:
@@ -187,31 +207,26 @@ class Scorer:
         rows = sorted((_Row(j, i, seq[shared:]) for i, seq in enumerate(job.sequences)),
                       key=lambda row: len(row.tokens), reverse=True)
         out = []
-        for chunk in _chunks(rows, p.suffix_batches[-1]):
-            batch = fit(p.suffix_batches, len(chunk))
-            length = fit(p.suffix_lengths, len(chunk[0].tokens))
-            hidden = self.exe("hidden_after_context", (context, batch, length),
-                              ctx_k, ctx_v, np.int32(shared), *_padded(chunk, batch, length))
+        for chunk in p.split_suffixes([len(row.tokens) for row in rows]):
+            batch_rows = rows[chunk.start: chunk.start + chunk.rows]
+            hidden = self.exe("hidden_after_context", (context, chunk.batch, chunk.length),
+                              ctx_k, ctx_v, np.int32(shared), *_padded(batch_rows, chunk))
             self.prefix_batches += 1
-            out.append(self._scored(hidden, chunk, jobs, batch))
+            out.append(self._scored(hidden, batch_rows, jobs, chunk.batch))
         return out
 
-    def _scored(self, hidden, chunk: list[_Row], jobs: Sequence[Job], batch: int) -> tuple[object, list[_Row]]:
+    def _scored(self, hidden, rows: list[_Row], jobs: Sequence[Job], batch: int) -> tuple[object, list[_Row]]:
         """The head's (still on-device) output for a dispatched batch, counted for /metrics."""
         self.device_batches += 1
-        self.device_rows += len(chunk)
-        return self._head(hidden, chunk, jobs, batch), chunk
+        self.device_rows += len(rows)
+        return self._head(hidden, rows, jobs, batch), rows
 
 
-def _padded(rows: list[_Row], batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+def _padded(rows: list[_Row], chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded tokens [batch, length] and each row's last real position [batch] (padding rows: 0)."""
-    tokens = np.zeros((batch, length), np.int32)
-    last = np.zeros((batch,), np.int32)
+    tokens = np.zeros((chunk.batch, chunk.length), np.int32)
+    last = np.zeros((chunk.batch,), np.int32)
     for r, row in enumerate(rows):
         tokens[r, : len(row.tokens)] = row.tokens
         last[r] = len(row.tokens) - 1
     return tokens, last
-
-
-def _chunks(items: list, size: int) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]

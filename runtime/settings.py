@@ -18,6 +18,20 @@ def _csv_ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _auto(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`auto` (None: runtime.platform decides per backend) or a value parsed by `parse`."""
+    return lambda text: None if text.strip().lower() == "auto" else parse(text)
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}, got {text!r}")
+        return value
+    return parse
+
+
 def _csv_strs(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -63,20 +77,29 @@ SETTINGS: tuple[Setting, ...] = (
             "Where the converted embedded model and the XLA compilation cache live."),
     Setting("compile_cache_dir", "", str,
             "JAX persistent compilation cache directory. Empty: <cache_dir>/xla."),
-    Setting("dtype", "float32", str,
-            "Parameter and activation dtype: float32 or bfloat16 (matmuls always accumulate in float32)."),
+    Setting("dtype", "auto", _choice("auto", "float32", "bfloat16"),
+            "Weights and activations: float32 or bfloat16 (matmuls always accumulate in float32; float32 is float32 "
+            "on every platform, no TF32). auto: float32 on CPU, bfloat16 on GPU and TPU."),
+    Setting("attention", "auto", _choice("auto", "xla", "cudnn"),
+            "Attention kernel of jax.nn.dot_product_attention. auto: cudnn (flash attention) on GPU with bfloat16 "
+            "when a start-up probe runs it, else xla."),
+    Setting("layer_loop", "auto", _choice("auto", "scan", "unroll"),
+            "Run the layers as one scanned body or unrolled. auto: unroll for bfloat16 on CPU, else scan."),
     Setting("length_buckets", "32,64,128,256,512,1024,2048", _csv_ints,
             "Padded sequence lengths compiled at start-up; the largest is the longest accepted sequence."),
-    Setting("batch_buckets", "1,2,4,8,16,32", _csv_ints,
-            "Padded batch sizes compiled at start-up; larger batches are split."),
-    Setting("max_bucket_tokens", "16384", int,
-            "Skip (batch, length) buckets with more tokens than this; such batches are split instead."),
+    Setting("batch_buckets", "auto", _auto(_csv_ints),
+            "Padded batch sizes compiled at start-up; larger batches are split. "
+            "auto: 1,2,4,8,16,32 on CPU; 1,2,4,...,256 on GPU and TPU."),
+    Setting("max_bucket_tokens", "auto", _auto(int),
+            "Skip buckets (full or shared-prefix suffix) with more tokens than this; such batches are split "
+            "instead. auto: 16384 on CPU, 65536 on GPU and TPU."),
     Setting("context_buckets", "32,128,512,1024,2048", _csv_ints,
             "Shared-prefix lengths compiled for shared-prefix scoring (each at most the largest length bucket)."),
     Setting("suffix_length_buckets", "8,12,16,24,32,48,64,128", _csv_ints,
             "Item lengths (tokens after a shared prefix) compiled for shared-prefix scoring."),
-    Setting("suffix_batch_buckets", "8,32", _csv_ints,
-            "Batch sizes compiled for shared-prefix scoring; larger requests run several such batches."),
+    Setting("suffix_batch_buckets", "auto", _auto(_csv_ints),
+            "Batch sizes compiled for shared-prefix scoring; larger requests run several such batches. "
+            "auto: 8,32 on CPU; 8,32,128,256,512 on GPU and TPU."),
     Setting("prefix_sharing", "true", _bool,
             "Compute a request's longest common token prefix once and score items against its keys/values."),
     Setting("batch_wait_ms", "2", float,
@@ -112,13 +135,15 @@ class Settings:
     model_id: str
     cache_dir: str
     compile_cache_dir: str
-    dtype: str
+    dtype: str  # auto | float32 | bfloat16 (runtime.platform resolves auto)
+    attention: str  # auto | xla | cudnn
+    layer_loop: str  # auto | scan | unroll
     length_buckets: tuple[int, ...]
-    batch_buckets: tuple[int, ...]
-    max_bucket_tokens: int
+    batch_buckets: tuple[int, ...] | None  # None: auto
+    max_bucket_tokens: int | None
     context_buckets: tuple[int, ...]
     suffix_length_buckets: tuple[int, ...]
-    suffix_batch_buckets: tuple[int, ...]
+    suffix_batch_buckets: tuple[int, ...] | None
     prefix_sharing: bool
     batch_wait_ms: float
     max_items: int
@@ -155,7 +180,4 @@ def load_settings(environ: dict[str, str] | None = None, **overrides: Any) -> Se
         except ValueError as exc:
             raise ValueError(f"setting {setting.env}={raw!r} is invalid: {exc}") from exc
     values.update(overrides)
-    settings = Settings(**values)
-    if settings.dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"setting SCOREFN_DTYPE must be float32 or bfloat16, got {settings.dtype!r}")
-    return settings
+    return Settings(**values)

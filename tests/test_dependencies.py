@@ -17,7 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SERVED = ("handler", "runtime")
 # `scorefn bench` is a development tool: PyTorch for its baselines, httpx (the test extra) for its HTTP clients.
-DEV_ONLY = {"runtime/bench.py": {"torch", "httpx"}}
+DEV_ONLY = {"runtime/bench.py": {"torch", "httpx"}, "runtime/baselines.py": {"torch"}}
 
 
 def _normalized(name: str) -> str:

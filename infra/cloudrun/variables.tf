@@ -74,9 +74,9 @@ variable "max_instances" {
 }
 
 variable "max_instance_request_concurrency" {
-  description = "Requests one instance handles at once. scorefn batches concurrent requests onto the GPU, so this should be at least the largest batch bucket; Cloud Run adds instances when instances run near this many requests."
+  description = "Requests one instance handles at once. scorefn batches concurrent requests onto the GPU, so this should be at least the largest batch bucket (256 on a GPU); Cloud Run adds instances when instances run near this many requests."
   type        = number
-  default     = 32
+  default     = 256
 
   validation {
     condition     = var.max_instance_request_concurrency >= 1 && var.max_instance_request_concurrency <= 1000
@@ -133,7 +133,7 @@ variable "ingress" {
 }
 
 variable "scorefn_env" {
-  description = "Extra SCOREFN_* settings for the container, e.g. { SCOREFN_DTYPE = \"bfloat16\", SCOREFN_MAX_QUEUE = \"128\" }. See runtime/settings.py for the table."
+  description = "Extra SCOREFN_* settings for the container, e.g. { SCOREFN_MAX_QUEUE = \"128\", SCOREFN_MAX_ITEMS = \"512\" }. See runtime/settings.py for the table."
   type        = map(string)
   default     = {}
 

@@ -11,11 +11,14 @@ import time
 import httpx
 import pytest
 
+from runtime.platform import current_backend, resolve
 from runtime.serverproc import SMALL_BUCKETS, ServerProcess
+from runtime.settings import load_settings
 
 pytestmark = pytest.mark.slow
 POLL_S = 0.02  # interval between two looks at the server's queue
 WAIT_S = 60.0
+ROUNDS_IN_FLIGHT = resolve(load_settings(environ=SMALL_BUCKETS), current_backend()).rounds_in_flight
 
 
 def heavy_body(rng: random.Random, items: int) -> dict:
@@ -34,12 +37,13 @@ def queue_depth(server: ServerProcess) -> float:
 
 def send_while_queued(server: ServerProcess, pool: concurrent.futures.Executor, n: int,
                       items: int) -> list[concurrent.futures.Future]:
-    """n concurrent requests; returns once n - 1 wait in the engine queue (the other one is on the device)."""
+    """n concurrent requests; returns once all but ROUNDS_IN_FLIGHT wait in the engine queue (the others are on
+    the device)."""
     rng = random.Random(n)
     bodies = [heavy_body(rng, items) for _ in range(n)]
     futures = [pool.submit(httpx.post, server.url + "/v1/score", json=body, timeout=WAIT_S) for body in bodies]
     deadline = time.monotonic() + WAIT_S
-    while queue_depth(server) < n - 1:
+    while queue_depth(server) < n - ROUNDS_IN_FLIGHT:
         assert time.monotonic() < deadline and not any(f.done() for f in futures), "requests did not queue up"
         threading.Event().wait(POLL_S)
     return futures

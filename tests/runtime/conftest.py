@@ -9,8 +9,10 @@ import pytest
 
 from runtime.buckets import BucketPlan
 from runtime.config import load_config
-from runtime.model import Llama
+from runtime.model import Kernels, Llama
+from runtime.platform import resolve
 from runtime.scorer import Scorer
+from runtime.settings import load_settings
 from runtime.weights import load_arrays
 
 
@@ -21,10 +23,13 @@ def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_le
                       suffix_batches=tuple(suffix_batches), prefix_sharing=prefix_sharing)
 
 
-def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None = None, lazy: bool = True) -> Scorer:
+def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None = None, lazy: bool = True,
+               kernels: Kernels | None = None) -> Scorer:
+    """A scorer as the CPU platform runs it (runtime.platform), or with the given kernels."""
     cfg = load_config(model_dir)
-    model = Llama(cfg, load_arrays(model_dir, cfg), dtype)
-    return Scorer(model, plan or small_plan(), lazy=lazy)
+    plan = plan or small_plan()
+    kernels = kernels or resolve(load_settings(environ={}, dtype=dtype), backend="cpu").kernels
+    return Scorer(Llama(cfg, load_arrays(model_dir, cfg), dtype, kernels, plan.max_length), plan, lazy=lazy)
 
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

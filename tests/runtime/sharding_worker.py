@@ -5,7 +5,7 @@ with JAX_PLATFORMS=cpu and JAX_NUM_CPU_DEVICES=4 (fake CPU devices):
 
     python -m tests.runtime.sharding_worker '{"xla_dir": ..., "meshes": [...], "jobs": [...]}'
 
-Each mesh goes through the engine's own scorer construction (runtime.engine.Engine._build_scorer) and warm-up
+Each mesh goes through the engine's own scorer construction (runtime.engine.build_scorer) and warm-up
 (Scorer.compile_all); mesh "1x1" is the unsharded single-device runtime, the reference.
 """
 
@@ -33,7 +33,7 @@ def run(spec: dict) -> dict:
     import jax
 
     from runtime import executables
-    from runtime.engine import Engine
+    from runtime.engine import build_scorer
     from runtime.loader import load_model
     from runtime.settings import load_settings
     from runtime.sharding import MeshError
@@ -45,9 +45,10 @@ def run(spec: dict) -> dict:
         results = {}
         for mesh in spec["meshes"]:
             buckets = {key: tuple(v) if isinstance(v, list) else v for key, v in job["settings"].items()}
-            settings = load_settings(environ={}, cache_dir=spec["cache_dir"], mesh=mesh, **buckets)
+            settings = load_settings(environ={}, cache_dir=spec["cache_dir"], compile_cache_dir=spec["xla_dir"],
+                                     mesh=mesh, **buckets)
             try:
-                scorer = Engine(settings)._build_scorer(loaded)
+                scorer, _ = build_scorer(settings, loaded)
             except MeshError as exc:
                 results[mesh] = {"error": str(exc)}
                 continue
@@ -63,7 +64,7 @@ def run(spec: dict) -> dict:
                 "layout": layout.describe() if layout is not None else None,
                 "param_specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(scorer.exe.state)})
                 if layout is not None else [],
-                "buckets": buckets, "compiles": scorer.exe.compiles,
+                "buckets": buckets, "compiles": scorer.exe.compiles, "stored": scorer.exe.loaded,
                 "cache_hits": warmed["hits"] - before["hits"], "cache_misses": warmed["misses"] - before["misses"],
                 "compiles_while_scoring": after["backend_compiles"] - warmed["backend_compiles"],
                 "ran": sorted(recording.ran),

@@ -11,7 +11,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-KEYS = {"w1_32_vs_torch_bf16", "w2_vs_torch_bf16", "w3_concurrent_vs_serial", "mfu_w1_32", "mfu_w2"}
+KEYS = {"w1_32_vs_torch_bfloat16", "w1_32_vs_torch_float32", "w2_vs_torch_bfloat16",
+        "w2_vs_torch_bfloat16_prefix_cache", "w3_concurrent_vs_serial", "mfu_w1_32", "mfu_w2", "single_item_p50_ms"}
 
 
 def test_bench_smoke_prints_the_summary_line():
@@ -21,4 +22,4 @@ def test_bench_smoke_prints_the_summary_line():
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert KEYS <= summary.keys()
     assert all(isinstance(summary[key], float) and summary[key] > 0 for key in KEYS), summary
-    assert "W1 32 items" in result.stdout and "W2" in result.stdout and "W3 concurrent" in result.stdout
+    assert "W1  32 items" in result.stdout and "W2 200x10x20" in result.stdout and "W3 concurrent" in result.stdout

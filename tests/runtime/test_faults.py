@@ -18,7 +18,8 @@ import pytest
 from handler.core import ScoringCore
 from handler.engine import EngineError
 from handler.http import HttpRequest, HttpResponse, PendingScore
-from runtime.engine import Engine
+from runtime.engine import Engine, bucket_plan
+from runtime.platform import resolve
 from runtime.settings import load_settings
 
 POISON = 666  # a device round holding this token raises
@@ -27,15 +28,21 @@ WAIT_S = 30.0
 
 
 class StubScorer:
-    """Like runtime.scorer.Scorer.score_jobs: one [n_sequences, n_labels] array per job. Can hold a round."""
+    """Like runtime.scorer.Scorer's dispatch/collect: one [n_sequences, n_labels] array per job. Can hold a round
+    (in dispatch, as a busy device would hold the next one)."""
 
     def __init__(self) -> None:
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()  # set when a round starts
         self.rounds: list[list[list[list[int]]]] = []  # per round: each job's sequences
+        settings = load_settings(environ={})
+        self.plan = bucket_plan(settings, resolve(settings, backend="cpu"))
 
-    def score_jobs(self, jobs) -> list[np.ndarray]:
+    def collect(self, results: list[np.ndarray]) -> list[np.ndarray]:
+        return results
+
+    def dispatch(self, jobs) -> list[np.ndarray]:
         self.rounds.append([list(job.sequences) for job in jobs])
         self.entered.set()
         assert self.gate.wait(WAIT_S)

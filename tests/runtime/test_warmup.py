@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
+from runtime import executables
 from runtime.engine import Engine
 from runtime.settings import load_settings
 from tests.runtime.conftest import random_sequences
@@ -40,14 +43,62 @@ def test_warmup_compiles_each_bucket_once_and_requests_compile_nothing(cache_dir
         engine.stop(5)
 
 
-def test_second_warmup_loads_every_bucket_from_the_cache(cache_dir, tmp_path):
+def test_second_warmup_loads_every_bucket_without_tracing(cache_dir, tmp_path):
     xla_dir = tmp_path / "xla"
     first = Engine(small_settings(cache_dir, xla_dir, batch_buckets=(2,)))
     first.start()
     first.stop(5)
-    assert any(xla_dir.iterdir()), "the persistent compilation cache wrote no files"
+    assert first.timings["stored"] == 0 and first.timings["cache_misses"] == first.plan.count()
+    stored = list((xla_dir / "executables").glob("*/*.jaxexe"))
+    assert len(stored) == first.plan.count(), "the executable store wrote no files"
     second = Engine(small_settings(cache_dir, xla_dir, batch_buckets=(2,)))
+    compiled_before = executables.cache_events()["backend_compiles"]
     second.start()
-    second.stop(5)
-    assert second.timings["cache_hits"] == second.plan.count()
-    assert second.timings["cache_misses"] == 0
+    try:
+        assert second.timings["stored"] == second.plan.count()  # loaded from the store: nothing traced
+        assert second.timings["cache_misses"] == 0 and second.timings["cache_hits"] == 0
+        assert executables.cache_events()["backend_compiles"] == compiled_before  # and nothing compiled
+        sequences = [[5, 6, 7], [8, 9]]
+        np.testing.assert_allclose(second.score(sequences, [1, 2]), first_scores(cache_dir, xla_dir, sequences),
+                                   atol=1e-6, rtol=0)
+    finally:
+        second.stop(5)
+
+
+def test_a_changed_model_setting_misses_the_store(cache_dir, tmp_path):
+    """The store is keyed by everything that shapes an executable: another dtype traces and compiles again."""
+    xla_dir = tmp_path / "xla"
+    for dtype, stored in (("float32", 0), ("float32", None), ("bfloat16", 0)):
+        engine = Engine(small_settings(cache_dir, xla_dir, batch_buckets=(2,), dtype=dtype, prefix_sharing=False))
+        engine.start()
+        engine.stop(5)
+        assert engine.timings["stored"] == (engine.plan.count() if stored is None else stored)
+
+
+def test_executables_from_the_persistent_cache_are_not_stored(cache_dir, tmp_path):
+    """XLA:CPU cannot serialize an executable it loaded from the persistent cache (it loses its generated code),
+    so only fresh compilations go into the store; a start that hit the cache leaves the store as it was."""
+    xla_dir = tmp_path / "xla"
+    first = Engine(small_settings(cache_dir, xla_dir, batch_buckets=(2,), prefix_sharing=False))
+    first.start()
+    first.stop(5)
+    store = xla_dir / "executables"
+    assert len(list(store.glob("*/*.jaxexe"))) == first.plan.count()
+    shutil.rmtree(store)
+    second = Engine(small_settings(cache_dir, xla_dir, batch_buckets=(2,), prefix_sharing=False))
+    second.start()
+    try:
+        assert second.timings["cache_hits"] == second.plan.count() and not list(store.glob("*/*.jaxexe"))
+        assert second.score([[5, 6, 7]], [1]).shape == (1, 1)
+    finally:
+        second.stop(5)
+
+
+def first_scores(cache_dir, xla_dir, sequences):
+    """The same scores from a freshly traced and compiled scorer (through the persistent cache)."""
+    engine = Engine(small_settings(cache_dir, xla_dir / "other", batch_buckets=(2,)))
+    engine.start()
+    try:
+        return engine.score(sequences, [1, 2])
+    finally:
+        engine.stop(5)

@@ -1,0 +1,96 @@
+"""What a user would otherwise write: transformers (PyTorch) scoring the same token IDs on the same weights.
+
+Two baselines, on CUDA when PyTorch sees a GPU, else on the CPU:
+- `score_full`: each request as left-padded batches of full sequences, `logits_to_keep=1`;
+- `score_prefix_cached`: the way an expert scores many continuations of one long query: the query's KV cache
+  computed once, repeated over a batch of items, the items run against it (right-padded), the vocabulary
+  projection only at each item's last token.
+Both return log P(label | sequence) [items, labels] as NumPy float32. Used by `scorefn bench` only.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+
+class TorchScorer:
+    def __init__(self, model_dir: Path, dtype: str, pad_id: int, batch: int = 64):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_flush_denormal(True)  # dequantized GGUF weights hold denormals: 10x slower without it
+        self.torch = torch
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cpu":
+            torch.set_num_threads(os.cpu_count() or 1)
+        else:
+            torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 here too
+        self.pad_id = pad_id
+        self.batch = batch  # rows per forward: bounds the activations (and, with a prefix, the copied cache)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
+        self.model.to(self.device)
+
+    def _sync(self, values):
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+        return values
+
+    def score_full(self, sequences: list[list[int]], labels: list[int]):
+        torch = self.torch
+        out = []
+        for start in range(0, len(sequences), self.batch):
+            chunk = sequences[start:start + self.batch]
+            width = max(len(s) for s in chunk)
+            ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, seq in enumerate(chunk):  # left padding: the last position is every row's last token
+                ids[row, width - len(seq):] = torch.tensor(seq)
+                mask[row, width - len(seq):] = 1
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            positions = (mask.cumsum(1) - 1).clamp(min=0)
+            with torch.inference_mode():
+                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                    logits_to_keep=1).logits
+                out.append(torch.log_softmax(logits[:, -1].float(), dim=-1)[:, labels])
+        return self._sync(torch.cat(out).cpu().numpy())
+
+    def score_prefix_cached(self, query: list[int], items: list[list[int]], labels: list[int]):
+        """query + item for each item, the query's KV cache computed once and reused for every batch of items."""
+        torch = self.torch
+        C = len(query)
+        out = []
+        with torch.inference_mode():
+            cache = self.model(input_ids=torch.tensor([query], device=self.device), use_cache=True).past_key_values
+            for start in range(0, len(items), self.batch):
+                chunk = items[start:start + self.batch]
+                width = max(len(item) for item in chunk)
+                ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+                mask = torch.zeros((len(chunk), C + width), dtype=torch.long)
+                mask[:, :C] = 1
+                for row, item in enumerate(chunk):  # right padding: the cache's positions stay put
+                    ids[row, :len(item)] = torch.tensor(item)
+                    mask[row, C:C + len(item)] = 1
+                rows_cache = copy.deepcopy(cache)
+                rows_cache.batch_repeat_interleave(len(chunk))
+                positions = torch.arange(C, C + width).expand(len(chunk), width)
+                hidden = self.model.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                          position_ids=positions.to(self.device), past_key_values=rows_cache,
+                                          use_cache=True).last_hidden_state
+                last = torch.tensor([len(item) - 1 for item in chunk], device=self.device)
+                logits = self.model.lm_head(hidden[torch.arange(len(chunk), device=self.device), last])
+                out.append(torch.log_softmax(logits.float(), dim=-1)[:, labels])
+        return self._sync(torch.cat(out).cpu().numpy())
+
+
+def random_checkpoint(config_path: str | Path, out_dir: Path) -> Path:
+    """A Hugging Face directory with seeded random weights for a config.json, saved in bfloat16."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(str(config_path))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(out_dir)
+    return out_dir

@@ -1,0 +1,88 @@
+"""runtime.platform: the per-backend defaults, explicit settings winning, and cuDNN attention only where it runs."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from runtime.config import config_from_hf
+from runtime.platform import fit_to_model, resolve
+from runtime.settings import load_settings
+
+QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+
+
+def test_cpu_defaults():
+    platform = resolve(load_settings(environ={}), backend="cpu")
+    assert platform.dtype == "float32"
+    assert platform.kernels.attention == "xla" and platform.kernels.attention_dtype == "float32"
+    assert not platform.kernels.unroll and platform.kernels.matmul_precision is None
+    assert platform.batch_buckets == (1, 2, 4, 8, 16, 32) and platform.suffix_batch_buckets == (8, 32)
+    assert platform.max_bucket_tokens == 16384
+
+
+def test_cpu_bfloat16_unrolls_but_keeps_float32_attention():
+    kernels = resolve(load_settings(environ={"SCOREFN_DTYPE": "bfloat16"}), backend="cpu").kernels
+    assert kernels.unroll and kernels.attention_dtype == "float32"
+
+
+@pytest.mark.parametrize("backend,attention", [("gpu", "cudnn"), ("tpu", "xla")])
+def test_accelerator_defaults(backend, attention):
+    platform = resolve(load_settings(environ={}), backend=backend)
+    assert platform.dtype == "bfloat16" and not platform.kernels.unroll
+    assert platform.kernels.attention == attention and platform.kernels.attention_dtype == "bfloat16"
+    assert platform.kernels.matmul_precision == "highest"  # float32 matmuls (the head) are not TF32
+    assert platform.suffix_batch_buckets[-1] == 512 and platform.batch_buckets[-1] == 256
+
+
+def test_float32_on_a_gpu_is_float32():
+    platform = resolve(load_settings(environ={"SCOREFN_DTYPE": "float32"}), backend="gpu")
+    assert platform.kernels.attention == "xla" and platform.kernels.attention_dtype == "float32"
+    assert platform.kernels.matmul_precision == "highest"
+
+
+def test_explicit_settings_win():
+    settings = load_settings(environ={"SCOREFN_LAYER_LOOP": "unroll", "SCOREFN_ATTENTION": "xla",
+                                      "SCOREFN_BATCH_BUCKETS": "2,4", "SCOREFN_SUFFIX_BATCH_BUCKETS": "16",
+                                      "SCOREFN_MAX_BUCKET_TOKENS": "999"})
+    platform = resolve(settings, backend="gpu")
+    assert platform.kernels.unroll and platform.kernels.attention == "xla"
+    assert (platform.batch_buckets, platform.suffix_batch_buckets, platform.max_bucket_tokens) == ((2, 4), (16,), 999)
+
+
+def test_bad_values_are_refused():
+    with pytest.raises(ValueError, match="SCOREFN_ATTENTION='flash' is invalid"):
+        load_settings(environ={"SCOREFN_ATTENTION": "flash"})
+    with pytest.raises(ValueError, match="SCOREFN_DTYPE='float16' is invalid"):
+        load_settings(environ={"SCOREFN_DTYPE": "float16"})
+
+
+def test_xla_attention_on_a_gpu_keeps_float32_attention():
+    kernels = resolve(load_settings(environ={"SCOREFN_ATTENTION": "xla"}), backend="gpu").kernels
+    assert kernels.attention == "xla" and kernels.attention_dtype == "float32"
+
+
+def test_cudnn_falls_back_to_xla_where_it_cannot_run(caplog):
+    """On this CPU the start-up probe cannot run cuDNN: auto falls back with a warning, explicit cudnn fails."""
+    cfg = config_from_hf(QWEN3)
+    gpu = resolve(load_settings(environ={}), backend="gpu")
+    with caplog.at_level(logging.WARNING, logger="scorefn.runtime"):
+        kernels = fit_to_model(gpu, cfg, 2048, explicit=False).kernels
+    assert kernels.attention == "xla" and kernels.attention_dtype == "float32"
+    assert "attention falls back to XLA: cuDNN attention did not run" in caplog.text
+    with pytest.raises(ValueError, match="SCOREFN_ATTENTION=cudnn cannot run this model"):
+        fit_to_model(gpu, cfg, 2048, explicit=True)
+
+
+@pytest.mark.parametrize("change,reason", [
+    ({"head_dim": 12}, "multiples of 8 up to 128, this model's is 12"),
+    ({"architectures": ["MistralForCausalLM"], "sliding_window": 512}, "sliding window of 512 tokens"),
+])
+def test_cudnn_is_not_tried_where_it_cannot_apply(change, reason, caplog):
+    cfg = config_from_hf({**QWEN3, **change})
+    gpu = resolve(load_settings(environ={}), backend="gpu")
+    with caplog.at_level(logging.WARNING, logger="scorefn.runtime"):
+        assert fit_to_model(gpu, cfg, 2048, explicit=False).kernels.attention == "xla"
+    assert reason in caplog.text
