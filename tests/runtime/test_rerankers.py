@@ -10,7 +10,7 @@ from runtime.config import config_from_hf
 from runtime.rerankers import (BUILTIN_TOML, HEAD_TEMPLATE, RerankerError, build_rerankers, document_cutter,
                                load_specs, parse_rerankers, resolve)
 
-YES, NO = 9805, 787  # SmolLM2's " yes", " no"
+YES, NO = 9230, 2838  # SmolLM2's " Yes", " No"
 
 GOOD = '''
 [[reranker]]
@@ -98,7 +98,7 @@ def tokenizer(embedded_dir):
 def test_builtin_relevance_resolves_to_single_tokens(tokenizer):
     (spec,) = load_specs("")
     reranker = resolve(spec, tokenizer, _causal_config(), 16)
-    assert reranker.label_ids == (YES, NO) and reranker.is_verbalizer and reranker.words == (" yes", " no")
+    assert reranker.label_ids == (YES, NO) and reranker.is_verbalizer and reranker.words == (" Yes", " No")
     assert reranker.prompt.startswith("<|im_start|>system\n") and reranker.prompt.endswith(
         "<|im_start|>assistant\n" + spec.assistant_prefix)
     assert not reranker.add_special_tokens  # the chat template wrote the special tokens
