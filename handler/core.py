@@ -6,8 +6,8 @@ Scoring is asynchronous (engine.submit returns a concurrent.futures.Future), so 
     if isinstance(outcome, PendingScore):    # ASGI: await asyncio.wrap_future(...); WSGI: .result()
         outcome = core.finish(outcome, result_or_exception)
 
-Checks run in this order: route (404/405), API key on /v1/*, /v2/*, /rerank (401), body size (413), readiness (503),
-JSON decoding (400), validation (400/422), queue admission (429).
+Checks run in this order: route (404/405), API key on /v1/*, /v2/*, /rerank (401), body size (413),
+readiness (503), JSON decoding (400), validation (400/422), queue admission (429).
 """
 
 from __future__ import annotations
