@@ -192,7 +192,7 @@ def _operation_class(endpoint: Endpoint) -> type[Operation]:
         request_body = RequestBody(required=True, content={
             JSON: OpenAPIMediaType(schema=schemas.openapi_schema(endpoint.request))})  # type: ignore[arg-type]
     responses = {"200": _response_doc("OK", endpoint.response)}
-    if endpoint.response in (schemas.ScoreResponse, schemas.ClassifyResponse):
+    if endpoint.response in (schemas.ScoreResponse, schemas.ClassifyResponse, schemas.RerankResponse):
         responses["200"].headers = _TIMING_HEADERS  # type: ignore[assignment]
     for status in endpoint.errors:
         responses[str(status)] = _response_doc(

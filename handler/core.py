@@ -2,12 +2,12 @@
 
 Scoring is asynchronous (engine.submit returns a concurrent.futures.Future), so a request takes two steps:
 
-    outcome = core.begin(request)            # HttpResponse, or PendingScore for an accepted /v1/score or /v1/classify
+    outcome = core.begin(request)            # HttpResponse, or PendingScore for accepted scoring work
     if isinstance(outcome, PendingScore):    # ASGI: await asyncio.wrap_future(...); WSGI: .result()
         outcome = core.finish(outcome, result_or_exception)
 
-Checks run in this order: route (404/405), API key on /v1/* (401), body size (413), readiness (503),
-JSON decoding (400), validation (400/422), queue admission (429).
+Checks run in this order: route (404/405), API key on /v1/*, /v2/*, /rerank (401), body size (413),
+readiness (503), JSON decoding (400), validation (400/422), queue admission (429).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from handler.http import (HttpRequest, HttpResponse, PendingScore, error_respons
                           seconds)
 from handler.logs import log_access
 from handler.metrics import Metrics
+from handler.rerank import RerankJob, rerank_response, reranker_cards, validate_rerank_request
 from handler.validation import ScoreJob, decode_body, validate_score_request, validate_tokenize_request
 from runtime.settings import Settings
 
@@ -47,11 +48,17 @@ class Endpoint:
     quiet: bool = False  # probes and scrapes: access-logged at DEBUG
 
 
+_RERANK = Endpoint("POST", "Rerank documents by relevance to a query (Cohere v2 / Jina / vLLM shape)",
+                   schemas.RerankRequest, schemas.RerankResponse, (400, 401, 413, 429, 500, 503))
+RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank")  # vLLM serves all three; Cohere's clients call /v2/rerank
+SCORING_PATHS = ("/v1/score", "/v1/classify", *RERANK_PATHS)  # answered with timing headers
+
 ENDPOINTS: dict[str, Endpoint] = {
     "/v1/score": Endpoint("POST", "Score label tokens after query + item, per item",
                           schemas.ScoreRequest, schemas.ScoreResponse, (400, 401, 413, 422, 429, 500, 503)),
     "/v1/classify": Endpoint("POST", "Classify inputs (vLLM's classification API)",
                              schemas.ClassifyRequest, schemas.ClassifyResponse, (400, 401, 413, 422, 429, 500, 503)),
+    **dict.fromkeys(RERANK_PATHS, _RERANK),
     "/v1/tokenize": Endpoint("POST", "Tokenize text (check that a label is a single token)",
                              schemas.TokenizeRequest, schemas.TokenizeResponse, (400, 401, 413, 500, 503)),
     "/v1/models": Endpoint("GET", "List the served model", None, schemas.ModelList, (401, 503)),
@@ -60,7 +67,7 @@ ENDPOINTS: dict[str, Endpoint] = {
                        None, schemas.Status, (503,), quiet=True),
     "/metrics": Endpoint("GET", "Prometheus metrics (text exposition format)", quiet=True),
 }
-_AUTHENTICATED_PREFIX = "/v1/"
+_AUTHENTICATED_PREFIXES = ("/v1/", "/v2/", "/rerank")  # every API path; probes and scrapes stay open
 _SHOWN_PATH_CHARS = 200
 _LOGGED_BODY_BYTES = 4096  # of a body, with SCOREFN_LOG_REQUESTS_DEBUG on
 
@@ -105,6 +112,8 @@ class ScoringCore:
                 raise self._engine_error(pending.request_id, outcome)
             if isinstance(pending.job, ClassifyJob):
                 response = self._classified(pending.job, outcome)
+            elif isinstance(pending.job, RerankJob):
+                response = self._reranked(pending.job, outcome)
             else:
                 response = self._scored(pending.job, outcome)
         except ApiError as error:
@@ -144,12 +153,14 @@ class ScoringCore:
         path = _normalized(request.path)
         if request.method == "OPTIONS":  # what Litestar answers by itself, so both faces agree
             return HttpResponse(204, [("allow", _allow(endpoint))], b"")
-        if path.startswith(_AUTHENTICATED_PREFIX):
+        if path.startswith(_AUTHENTICATED_PREFIXES):
             self._authenticate(request)
         if path == "/v1/score":
             return self._score(request, request_id)
         if path == "/v1/classify":
             return self._classify(request, request_id)
+        if path in RERANK_PATHS:
+            return self._rerank(request, request_id)
         if path == "/v1/tokenize":
             return self._tokenize(request)
         if path == "/v1/models":
@@ -201,7 +212,7 @@ class ScoringCore:
         return self._submit(request, request_id, engine, job)
 
     def _submit(self, request: HttpRequest, request_id: str, engine: ScoringEngine,
-                job: ScoreJob | ClassifyJob) -> PendingScore:
+                job: ScoreJob | ClassifyJob | RerankJob) -> PendingScore:
         deadline = time.monotonic() + self.settings.request_timeout_s
         try:
             future = engine.submit(job.sequences, job.label_ids, deadline, request_id=request_id)
@@ -234,6 +245,17 @@ class ScoringCore:
         self.metrics.observe_scored(len(job.sequences), job.n_tokens, result.queue_seconds, result.device_seconds)
         return json_response(200, body)
 
+    def _rerank(self, request: HttpRequest, request_id: str) -> PendingScore:
+        body = self._body(request)
+        engine = self._require_ready()
+        job = validate_rerank_request(decode_body(schemas.RERANK_REQUEST_DECODER, body), engine, self.settings)
+        return self._submit(request, request_id, engine, job)
+
+    def _reranked(self, job: RerankJob, result: ScoreResult) -> HttpResponse:
+        body = rerank_response(job, result)
+        self.metrics.observe_scored(len(job.sequences), job.n_tokens, result.queue_seconds, result.device_seconds)
+        return json_response(200, body)
+
     def _tokenize(self, request: HttpRequest) -> HttpResponse:
         body = self._body(request)
         engine = self._require_ready()
@@ -244,7 +266,8 @@ class ScoringCore:
     def _models(self) -> HttpResponse:
         if self.engine is None:
             raise ApiError("server_not_ready", "The model is loading; retry shortly.")
-        return json_response(200, schemas.ModelList(data=model_cards(self.engine, self._started_at)))
+        cards = reranker_cards(self.engine, model_cards(self.engine, self._started_at), self._started_at)
+        return json_response(200, schemas.ModelList(data=cards))
 
     # -- outcome -------------------------------------------------------------------------------------------
 
@@ -263,12 +286,13 @@ class ScoringCore:
         return internal_error()
 
     def _complete(self, request: HttpRequest, request_id: str, response: HttpResponse,
-                  job: ScoreJob | ClassifyJob | None = None, result: ScoreResult | None = None) -> HttpResponse:
+                  job: ScoreJob | ClassifyJob | RerankJob | None = None,
+                  result: ScoreResult | None = None) -> HttpResponse:
         total = time.perf_counter() - request.started
         path = _normalized(request.path)
         endpoint = ENDPOINTS.get(path)
         headers = [("x-request-id", request_id)]
-        if path in ("/v1/score", "/v1/classify"):  # timing headers, in seconds (see handler.http.seconds)
+        if path in SCORING_PATHS:  # timing headers, in seconds (see handler.http.seconds)
             if result is not None:
                 headers += [("x-queue-time", seconds(result.queue_seconds)),
                             ("x-device-time", seconds(result.device_seconds))]

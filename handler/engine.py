@@ -9,6 +9,7 @@ from typing import Protocol
 import numpy as np
 
 from runtime.classifiers import Classifier  # pure Python, like runtime.settings
+from runtime.rerankers import Reranker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,7 @@ class ScoringEngine(Protocol):
     max_sequence_length: int  # largest length bucket
     task: str  # "causal_lm" (/v1/score and verbalizer classifiers) or "sequence_classification" (/v1/classify only)
     classifiers: tuple[Classifier, ...]  # what /v1/classify serves, the first one by default (known once ready)
+    rerankers: tuple[Reranker, ...]  # what /v1/rerank serves, the first one by default (known once ready)
 
     @property
     def ready(self) -> bool:

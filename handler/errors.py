@@ -63,6 +63,15 @@ ERRORS: dict[str, ErrorSpec] = {
     "invalid_rid_type": ErrorSpec(400, "invalid_request_error"),
     "invalid_priority_type": ErrorSpec(400, "invalid_request_error"),
     "model_not_supported": ErrorSpec(400, "model_error"),  # the served model cannot answer this endpoint
+    # /v1/rerank (`query` uses RFC-006's query rows, lengths and counts the rows above)
+    "missing_documents": ErrorSpec(400, "missing_parameter_error"),
+    "empty_documents": ErrorSpec(400, "invalid_value_error"),
+    "invalid_documents_type": ErrorSpec(400, "invalid_request_error"),
+    "invalid_top_n_type": ErrorSpec(400, "invalid_request_error"),
+    "invalid_top_n": ErrorSpec(400, "invalid_value_error"),
+    "invalid_return_documents_type": ErrorSpec(400, "invalid_request_error"),
+    "invalid_max_tokens_per_doc_type": ErrorSpec(400, "invalid_request_error"),
+    "invalid_max_tokens_per_doc": ErrorSpec(400, "invalid_value_error"),
     # Transport
     "invalid_json": ErrorSpec(400, "invalid_request_error"),
     "invalid_body_type": ErrorSpec(400, "invalid_request_error"),

@@ -11,6 +11,7 @@ import msgspec
 
 from handler.classify import ClassifyJob
 from handler.errors import ApiError
+from handler.rerank import RerankJob
 from handler.schemas import ENCODER, ErrorBody, ErrorEnvelope
 from handler.validation import ScoreJob
 
@@ -40,10 +41,11 @@ class HttpResponse:
 
 @dataclasses.dataclass(frozen=True)
 class PendingScore:
-    """A /v1/score or /v1/classify request handed to the engine; the face waits on `future`, then calls core.finish."""
+    """A scoring request (/v1/score, /v1/classify, /v1/rerank) handed to the engine; the face waits on `future`,
+    then calls core.finish."""
     request: HttpRequest
     request_id: str
-    job: ScoreJob | ClassifyJob
+    job: ScoreJob | ClassifyJob | RerankJob
     future: concurrent.futures.Future
 
 

@@ -114,14 +114,65 @@ class ClassifyResponse(msgspec.Struct, frozen=True, kw_only=True):
     usage: Usage
 
 
+_TEXT_DOCUMENT = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+
+
+class RerankRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """The Cohere v2 / Jina / vLLM rerank request (handler.rerank validates it)."""
+    query: Annotated[msgspec.Raw, _doc("The search query.", type="string", minLength=1)] = msgspec.UNSET
+    documents: Annotated[msgspec.Raw, _doc(
+        "The documents to rank against the query: strings, or objects with a `text` string.",
+        type="array", items={"anyOf": [{"type": "string"}, _TEXT_DOCUMENT]}, minItems=1,
+    )] = msgspec.UNSET
+    top_n: Annotated[msgspec.Raw, _doc(
+        "Return only the N most relevant documents; omitted or null: all of them.", type=["integer", "null"], minimum=1,
+    )] = msgspec.UNSET
+    return_documents: Annotated[msgspec.Raw, _doc(
+        "Include each document's text in its result.", type=["boolean", "null"], default=True,
+    )] = msgspec.UNSET
+    max_tokens_per_doc: Annotated[msgspec.Raw, _doc(
+        "Cut each document after this many of its tokens; omitted or null: never cut (a pair longer than the "
+        "longest supported length is refused).", type=["integer", "null"], minimum=1,
+    )] = msgspec.UNSET
+    model: Annotated[msgspec.Raw, _doc(
+        "A reranker's id (GET /v1/models); omitted or null: the first one.", type=["string", "null"],
+    )] = msgspec.UNSET
+
+
+class TextDocument(msgspec.Struct, frozen=True):
+    text: str  # other keys are ignored
+
+
+class RerankDocument(msgspec.Struct, frozen=True, kw_only=True):
+    text: str  # as given in the request
+
+
+class RerankResult(msgspec.Struct, frozen=True, kw_only=True):
+    index: int  # position in the request's documents
+    relevance_score: float  # in [0, 1]
+    document: RerankDocument | msgspec.UnsetType = msgspec.UNSET  # with return_documents
+
+
+class RerankUsage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int  # every query-document pair's tokens, template included
+    total_tokens: int
+
+
+class RerankResponse(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    model: str  # the reranker's id
+    results: list[RerankResult]  # by relevance_score descending, ties by index; top_n of them
+    usage: RerankUsage
+
+
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     object: str = "model"
     created: int
     owned_by: str = "scorefn"
-    # Classifiers only (GET /v1/models lists the served model, then each classifier):
-    parent: str | msgspec.UnsetType = msgspec.UNSET  # the served model a prompt-verbalizer classifier runs on
-    task: str | msgspec.UnsetType = msgspec.UNSET  # "classify"
+    # Classifiers and rerankers only (GET /v1/models lists the served model, each classifier, each reranker):
+    parent: str | msgspec.UnsetType = msgspec.UNSET  # the served model a verbalizer classifier or reranker runs on
+    task: str | msgspec.UnsetType = msgspec.UNSET  # "classify" or "rerank"
     labels: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -150,12 +201,14 @@ ENCODER = msgspec.json.Encoder()
 SCORE_REQUEST_DECODER = msgspec.json.Decoder(ScoreRequest)
 TOKENIZE_REQUEST_DECODER = msgspec.json.Decoder(TokenizeRequest)
 CLASSIFY_REQUEST_DECODER = msgspec.json.Decoder(ClassifyRequest)
+RERANK_REQUEST_DECODER = msgspec.json.Decoder(RerankRequest)
 
 # Fields the request structs treat as optional only so that validation can say which one is missing.
 REQUIRED_FIELDS: dict[type, tuple[str, ...]] = {
     ScoreRequest: ("query", "items", "label_token_ids"),
     TokenizeRequest: ("text",),
     ClassifyRequest: ("input",),
+    RerankRequest: ("query", "documents"),
 }
 
 

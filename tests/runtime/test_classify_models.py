@@ -167,4 +167,4 @@ def test_verbalizer_truncation_and_models(embedded_service):
     assert status == 200 and body["usage"]["prompt_tokens"] == 64
     cards = json.loads(core.begin(HttpRequest("GET", "/v1/models", {}, b"")).body)["data"]
     assert [(card["id"], card.get("labels")) for card in cards] == [
-        ("SmolLM2-135M-Instruct", None), ("sentiment", ["positive", "negative"])]
+        ("SmolLM2-135M-Instruct", None), ("sentiment", ["positive", "negative"]), ("relevance", None)]  # + reranker

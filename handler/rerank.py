@@ -1,0 +1,175 @@
+"""POST /v1/rerank (also /v2/rerank and /rerank; the Cohere v2 / Jina / vLLM shape): validation and the response.
+
+Each document is put with the query into the reranker's template and the pair scored with one prefill, read at
+its last token: the (yes, no) verbalizer tokens' log-probabilities, or a one-label head's logit. The query comes
+first in every template, so a request's pairs share their leading tokens and the engine's shared-prefix path
+computes them once.
+
+Order: query (missing, type, empty), documents (missing, type, empty), top_n, return_documents,
+max_tokens_per_doc, model; then too_many_items, and after tokenization empty_sequence, context_length_exceeded,
+too_many_tokens. A JSON null counts as the field being absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+import msgspec
+import numpy as np
+import scipy.special
+
+from handler import schemas
+from handler.engine import ScoreResult, ScoringEngine
+from handler.errors import ApiError
+from handler.validation import _INVALID, _SHOWN_CHARS, _decode, _given
+from runtime.rerankers import Reranker
+from runtime.settings import Settings
+
+_TEXT = msgspec.json.Decoder(str)
+_DOCUMENTS = msgspec.json.Decoder(list[str | schemas.TextDocument])
+_INT = msgspec.json.Decoder(int)
+_BOOL = msgspec.json.Decoder(bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class RerankJob:
+    """A validated /v1/rerank request, ready for the engine."""
+    sequences: list[list[int]]  # one query-document pair per document, in document order
+    label_ids: list[int]  # the reranker's
+    reranker: Reranker
+    documents: list[str]  # as given (returned with return_documents)
+    top_n: int
+    return_documents: bool
+    model: str  # the reranker's id, answered as `model`
+    n_tokens: int  # usage.prompt_tokens
+
+
+def validate_rerank_request(request: schemas.RerankRequest, engine: ScoringEngine, settings: Settings) -> RerankJob:
+    query = _query(request.query)
+    documents = _documents(request.documents)
+    top_n = _positive(request.top_n, "top_n", len(documents))
+    return_documents = _typed(request.return_documents, _BOOL, "return_documents", "a boolean", True)
+    max_tokens = _positive(request.max_tokens_per_doc, "max_tokens_per_doc", None)
+    reranker = _reranker(request.model, engine)
+
+    if len(documents) > settings.max_items:
+        raise ApiError("too_many_items", f"documents has {len(documents)} entries, more than the limit of "
+                       f"{settings.max_items}.", "documents")
+    sequences = [_pair(index, query, document, reranker, engine, max_tokens)
+                 for index, document in enumerate(documents)]
+    n_tokens = sum(map(len, sequences))
+    if n_tokens > settings.max_total_tokens:
+        raise ApiError("too_many_tokens", f"The request's query-document pairs have {n_tokens} tokens in total, "
+                       f"more than the limit of {settings.max_total_tokens}.", "documents")
+    return RerankJob(sequences, list(reranker.label_ids), reranker, documents, min(top_n, len(documents)),
+                     return_documents, reranker.name, n_tokens)
+
+
+def relevance(values: np.ndarray, reranker: Reranker) -> np.ndarray:
+    """Relevance in [0, 1] per pair, float64 on the host: sigmoid(lp_yes - lp_no) = P(yes) / (P(yes) + P(no)),
+    or sigmoid(logit) of a one-label head."""
+    values = values.astype(np.float64)
+    margin = values[:, 0] - values[:, 1] if reranker.is_verbalizer else values[:, 0]
+    return scipy.special.expit(margin)
+
+
+def rerank_response(job: RerankJob, result: ScoreResult) -> schemas.RerankResponse:
+    values = np.asarray(result.logprobs)  # [documents, labels]
+    expected = (len(job.sequences), len(job.label_ids))
+    if values.shape != expected:
+        raise ValueError(f"engine returned scores of shape {values.shape}, expected {expected}")
+    scores = relevance(values, job.reranker).tolist()
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: job.top_n]  # ties: the earlier document
+    results = [schemas.RerankResult(index=i, relevance_score=scores[i], document=schemas.RerankDocument(
+        text=job.documents[i]) if job.return_documents else msgspec.UNSET) for i in order]
+    return schemas.RerankResponse(id=f"rerank-{uuid.uuid4().hex}", model=job.model, results=results,
+                                  usage=schemas.RerankUsage(prompt_tokens=job.n_tokens, total_tokens=job.n_tokens))
+
+
+def reranker_cards(engine: ScoringEngine, cards: list[schemas.ModelCard], created: int) -> list[schemas.ModelCard]:
+    """GET /v1/models: a one-label classification model that is itself a reranker says so; then each reranker."""
+    own = any(r.name == engine.model_id for r in engine.rerankers)
+    cards = [msgspec.structs.replace(card, task="rerank") if own and card.id == engine.model_id else card
+             for card in cards]
+    return cards + [schemas.ModelCard(id=r.name, created=created, parent=engine.model_id, task="rerank")
+                    for r in engine.rerankers if r.name != engine.model_id]
+
+
+# ---- fields ---------------------------------------------------------------------------------------------
+
+def _query(raw: msgspec.Raw) -> str:
+    if not _given(raw):
+        raise ApiError("missing_query", "query is required", "query")
+    query = _decode(_TEXT, raw, "query")
+    if query is _INVALID:
+        raise ApiError("invalid_query_type", "query must be a string", "query")
+    if not query.strip():
+        raise ApiError("empty_query", "query cannot be empty or whitespace only", "query")
+    return query
+
+
+def _documents(raw: msgspec.Raw) -> list[str]:
+    if not _given(raw):
+        raise ApiError("missing_documents", "documents is required", "documents")
+    documents = _decode(_DOCUMENTS, raw, "documents")
+    if documents is _INVALID:
+        raise ApiError("invalid_documents_type", "documents must be a list of strings or of objects with a string "
+                       "`text`", "documents")
+    if not documents:
+        raise ApiError("empty_documents", "documents cannot be empty. At least one document is required.",
+                       "documents")
+    return [d if isinstance(d, str) else d.text for d in documents]
+
+
+def _positive(raw: msgspec.Raw, name: str, default: Any) -> Any:
+    if not _given(raw):
+        return default
+    value = _decode(_INT, raw, name)
+    if value is _INVALID:
+        raise ApiError(f"invalid_{name}_type", f"{name} must be an integer", name)
+    if value < 1:
+        raise ApiError(f"invalid_{name}", f"{name} must be at least 1; got {value}.", name)
+    return value
+
+
+def _typed(raw: msgspec.Raw, decoder: msgspec.json.Decoder, name: str, kind: str, default: Any) -> Any:
+    if not _given(raw):
+        return default
+    value = _decode(decoder, raw, name)
+    if value is _INVALID:
+        raise ApiError(f"invalid_{name}_type", f"{name} must be {kind}", name)
+    return value
+
+
+def _reranker(raw: msgspec.Raw, engine: ScoringEngine) -> Reranker:
+    name = _typed(raw, _TEXT, "model", "a string", None)
+    rerankers = engine.rerankers
+    if not rerankers:
+        raise ApiError("model_not_supported", f"The served model '{engine.model_id}' has no reranker: declare one in "
+                       "SCOREFN_RERANKERS, or serve a one-label sequence-classification model (see the README).")
+    if name is None or (name == engine.model_id and name not in (r.name for r in rerankers)):
+        return rerankers[0]  # the served model's own id selects its first reranker
+    for reranker in rerankers:
+        if reranker.name == name:
+            return reranker
+    shown = name if len(name) <= _SHOWN_CHARS else name[:_SHOWN_CHARS] + "..."
+    raise ApiError("model_not_found", f"Model '{shown}' not found. Available rerankers: "
+                   f"{[r.name for r in rerankers]}", "model")
+
+
+def _pair(index: int, query: str, document: str, reranker: Reranker, engine: ScoringEngine,
+          max_tokens: int | None) -> list[int]:
+    if max_tokens is not None:
+        document = reranker.cut(document, max_tokens)  # Cohere's max_tokens_per_doc: the document's first tokens
+    # The pair is rendered, then tokenized as a whole (as vLLM and the reranker's training data do).
+    sequence = list(engine.tokenize(reranker.render(query, document), add_special_tokens=reranker.add_special_tokens))
+    limit = engine.max_sequence_length
+    if not sequence:
+        raise ApiError("empty_sequence", f"documents[{index}]: the query-document pair has no token.", "documents")
+    if len(sequence) > limit:
+        raise ApiError("context_length_exceeded", f"documents[{index}]: the query-document pair has {len(sequence)} "
+                       f"tokens, more than the maximum sequence length of {limit} tokens. Set max_tokens_per_doc to "
+                       "cut long documents.", "documents")
+    return sequence
