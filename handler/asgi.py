@@ -27,7 +27,7 @@ from litestar.openapi.spec import (OpenAPIHeader, OpenAPIMediaType, OpenAPIRespo
 
 from handler import schemas
 from handler.core import ENDPOINTS, Endpoint, ScoringCore
-from handler.engine import ScoringEngine
+from runtime.interface import ScoringEngine
 from handler.errors import ERRORS, ApiError, internal_error
 from handler.http import JSON, HttpRequest, HttpResponse, PendingScore
 from handler.lifecycle import Drain, warm_up

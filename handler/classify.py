@@ -22,7 +22,7 @@ import numpy as np
 import scipy.special
 
 from handler import schemas
-from handler.engine import ScoreResult, ScoringEngine
+from runtime.interface import ScoreResult, ScoringEngine
 from handler.errors import ApiError
 from handler.validation import _INVALID, _SHOWN_CHARS, _check_token_range, _decode, _fits_int64, _given
 from runtime.classifiers import Classifier

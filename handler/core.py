@@ -25,7 +25,7 @@ import scipy.special
 from handler import schemas
 from handler.classify import ClassifyJob, classify_response, model_cards, require_language_model, \
     validate_classify_request
-from handler.engine import DeadlineExceeded, QueueFull, ScoreResult, ScoringEngine
+from runtime.interface import DeadlineExceeded, QueueFull, ScoreResult, ScoringEngine
 from handler.errors import ApiError, internal_error
 from handler.http import (HttpRequest, HttpResponse, PendingScore, error_response, json_response, request_id_of,
                           seconds)

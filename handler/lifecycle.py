@@ -10,7 +10,7 @@ import threading
 import time
 
 from handler.core import ScoringCore
-from handler.engine import ScoringEngine
+from runtime.interface import ScoringEngine
 from runtime.settings import Settings
 
 log = logging.getLogger("scorefn.handler")

@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from handler.engine import ScoringEngine
+from runtime.interface import ScoringEngine
 
 log = logging.getLogger("scorefn.metrics")
 

@@ -21,7 +21,7 @@ import numpy as np
 import scipy.special
 
 from handler import schemas
-from handler.engine import ScoreResult, ScoringEngine
+from runtime.interface import ScoreResult, ScoringEngine
 from handler.errors import ApiError
 from handler.validation import _INVALID, _SHOWN_CHARS, _decode, _given
 from runtime.rerankers import Reranker

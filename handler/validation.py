@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from handler.engine import ScoringEngine
+from runtime.interface import ScoringEngine
 from handler.errors import ApiError
 from handler.schemas import ScoreRequest, TokenizeRequest
 from runtime.settings import Settings

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from handler.core import ScoringCore
-from handler.engine import ScoringEngine
+from runtime.interface import ScoringEngine
 from handler.errors import ApiError
 from handler.http import HttpRequest, HttpResponse, PendingScore
 from handler.lifecycle import BackgroundWarmup, shut_down

@@ -1,7 +1,7 @@
 """The scoring engine: loads a model, compiles every bucket, then scores on one dedicated device thread.
 
 Requests wait in a bounded queue; the device thread coalesces whatever arrives within `batch_wait_ms`
-(up to the largest batch bucket) into one round of device batches. Implements handler.engine.ScoringEngine.
+(up to the largest batch bucket) into one round of device batches. Implements runtime.interface.ScoringEngine.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from handler.engine import DeadlineExceeded, EngineFault, QueueFull, ScoreResult
+from runtime.interface import DeadlineExceeded, EngineFault, QueueFull, ScoreResult
 from runtime.buckets import BucketPlan, label_buckets
 from runtime.classifiers import Classifier, build_classifiers
 from runtime.loader import default_model_id

@@ -51,3 +51,24 @@ def test_every_served_import_is_a_main_dependency():
                 if not owners & declared:
                     missing.append(f"{where} imports {module} ({', '.join(sorted(owners))})")
     assert not missing, "not in pyproject.toml's main dependencies:\n" + "\n".join(missing)
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_arrows_run_one_way():
+    """handler/ depends on runtime.interface and never imports JAX; runtime/ never imports handler/ or Litestar."""
+    wrong = []
+    for path in sorted((REPO / "handler").glob("*.py")):
+        wrong += [f"{path.name} imports {m}" for m in _imports(path) if m.partition(".")[0] in ("jax", "flax")]
+    for path in sorted((REPO / "runtime").glob("*.py")):
+        wrong += [f"runtime/{path.name} imports {m}" for m in _imports(path)
+                  if m.partition(".")[0] in ("handler", "litestar", "granian")]
+    assert not wrong, "\n".join(wrong)

@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 
-from handler.engine import ScoreResult
+from runtime.interface import ScoreResult
 
 BOS = 1
 

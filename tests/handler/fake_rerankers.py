@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from handler.engine import ScoreResult
+from runtime.interface import ScoreResult
 from runtime.rerankers import Reranker
 from tests.handler.fake_engine import BOS, FakeEngine, expected_logprob
 

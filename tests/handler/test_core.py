@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from handler.core import ScoringCore
-from handler.engine import DeadlineExceeded
+from runtime.interface import DeadlineExceeded
 from handler.http import HttpRequest, HttpResponse, PendingScore
 from tests.handler.conftest import make_settings, score_body
 from tests.handler.fake_engine import FakeEngine

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from handler.engine import DeadlineExceeded, EngineFault, QueueFull
+from runtime.interface import DeadlineExceeded, EngineFault, QueueFull
 from handler.errors import ERRORS, INTERNAL_ERROR_MESSAGE, ApiError
 from tests.handler.clients import Reply
 from tests.handler.conftest import FACES, make_settings, score_body, serve

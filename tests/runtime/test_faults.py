@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from handler.core import ScoringCore
-from handler.engine import EngineError
+from runtime.interface import EngineError
 from handler.http import HttpRequest, HttpResponse, PendingScore
 from runtime.engine import Engine, bucket_plan
 from runtime.platform import resolve

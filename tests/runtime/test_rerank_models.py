@@ -13,7 +13,7 @@ import pytest
 import scipy.special
 
 from handler.core import ScoringCore
-from handler.engine import ScoreResult
+from runtime.interface import ScoreResult
 from handler.http import HttpRequest, PendingScore
 from runtime.config import load_config
 from runtime.engine import Engine

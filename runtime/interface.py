@@ -1,4 +1,8 @@
-"""The small interface the handler needs from a scoring engine (runtime.engine.Engine implements it)."""
+"""The engine's interface: what the handler may ask of a scoring engine (runtime.engine.Engine implements it).
+
+Owned by the runtime and pure Python (no JAX), so the handler depends on the runtime's contract and nothing in
+runtime/ imports handler/.
+"""
 
 from __future__ import annotations
 
