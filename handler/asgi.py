@@ -38,7 +38,7 @@ log = logging.getLogger("scorefn.handler")
 
 # Bigger requests are decoded/tokenized and their responses built in a worker thread, keeping the loop free.
 _INLINE_BODY_BYTES = 64 * 1024
-_INLINE_SCORES = 16 * 1024
+_INLINE_TOKENS = 8 * 1024  # of a job: its response (scores, or per-token log-probabilities) is built off the loop
 # After the drain, how long shutdown waits for the answers it produced to be sent (granian kills at grace + 5 s).
 _SEND_AFTER_DRAIN_S = 4.0
 
@@ -174,7 +174,7 @@ async def _finish(core: ScoringCore, pending: PendingScore) -> HttpResponse:
         result = concurrent.futures.CancelledError()  # the engine cancelled the work (e.g. stopping)
     except Exception as exc:  # the engine's verdict; the core maps it to an error response
         result = exc
-    if len(pending.job.sequences) * len(pending.job.label_ids) > _INLINE_SCORES:
+    if pending.job.n_tokens > _INLINE_TOKENS:
         return await asyncio.to_thread(core.finish, pending, result)
     return core.finish(pending, result)
 
@@ -192,7 +192,7 @@ def _operation_class(endpoint: Endpoint) -> type[Operation]:
         request_body = RequestBody(required=True, content={
             JSON: OpenAPIMediaType(schema=schemas.openapi_schema(endpoint.request))})  # type: ignore[arg-type]
     responses = {"200": _response_doc("OK", endpoint.response)}
-    if endpoint.response in (schemas.ScoreResponse, schemas.ClassifyResponse, schemas.RerankResponse):
+    if endpoint.scoring is not None:
         responses["200"].headers = _TIMING_HEADERS  # type: ignore[assignment]
     for status in endpoint.errors:
         responses[str(status)] = _response_doc(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from typing import Any
 
 import msgspec
 import numpy as np
@@ -24,18 +23,14 @@ import scipy.special
 from handler import schemas
 from runtime.interface import ScoreResult, ScoringEngine
 from handler.errors import ApiError
-from handler.validation import _INVALID, _SHOWN_CHARS, _check_token_range, _decode, _fits_int64, _given
+from handler.http import Scoring, submit_labels
+from handler.validation import _INVALID, _SHOWN_CHARS, _decode, _given, decode_inputs, optional
 from runtime.classifiers import Classifier
 from runtime.settings import Settings
 
 _TEXT = msgspec.json.Decoder(str)
-_TEXTS = msgspec.json.Decoder(list[str])
-_TOKENS = msgspec.json.Decoder(list[int])
-_TOKEN_LISTS = msgspec.json.Decoder(list[list[int]])
 _INT = msgspec.json.Decoder(int)
 _BOOL = msgspec.json.Decoder(bool)
-# (decoder, whether the value is a list of inputs) in the order tried: `[]` reads as an empty list of texts.
-_INPUT_FORMS = ((_TEXT, False), (_TEXTS, True), (_TOKENS, False), (_TOKEN_LISTS, True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,21 +44,14 @@ class ClassifyJob:
     n_tokens: int  # usage.prompt_tokens
 
 
-def require_language_model(engine: ScoringEngine) -> None:
-    """/v1/score needs a language-model head; a sequence-classification checkpoint has none."""
-    if engine.task != "causal_lm":
-        raise ApiError("model_not_supported", f"The served model '{engine.model_id}' is a sequence-classification "
-                       "model: it has no language-model head to score label tokens with. Use POST /v1/classify.")
-
-
 def validate_classify_request(request: schemas.ClassifyRequest, engine: ScoringEngine,
                               settings: Settings) -> ClassifyJob:
-    inputs = _inputs(request.input, engine.vocab_size)
+    inputs, _ = decode_inputs(request.input, "input", engine.vocab_size, "classify")
     keep = _truncation(request.truncate_prompt_tokens, engine.max_sequence_length)
-    use_activation = _typed(request.use_activation, _BOOL, "use_activation", "a boolean", True)
-    _typed(request.user, _TEXT, "user", "a string", None)
-    _typed(request.rid, _TEXT, "rid", "a string", None)
-    _typed(request.priority, _INT, "priority", "an integer", None)
+    use_activation = optional(request.use_activation, _BOOL, "use_activation", "a boolean", True)
+    optional(request.user, _TEXT, "user", "a string", None)
+    optional(request.rid, _TEXT, "rid", "a string", None)
+    optional(request.priority, _INT, "priority", "an integer", None)
     classifier = _classifier(request.model, engine)
 
     if len(inputs) > settings.max_items:
@@ -77,7 +65,7 @@ def validate_classify_request(request: schemas.ClassifyRequest, engine: ScoringE
     return ClassifyJob(sequences, list(classifier.label_ids), classifier, use_activation, classifier.name, n_tokens)
 
 
-def classify_response(job: ClassifyJob, result: ScoreResult) -> schemas.ClassifyResponse:
+def classify_response(job: ClassifyJob, result: ScoreResult, engine: ScoringEngine) -> schemas.ClassifyResponse:
     values = np.asarray(result.logprobs)  # [inputs, labels]: raw logits, or verbalizer log-probabilities
     expected = (len(job.sequences), len(job.label_ids))
     if values.shape != expected:
@@ -90,6 +78,9 @@ def classify_response(job: ClassifyJob, result: ScoreResult) -> schemas.Classify
     return schemas.ClassifyResponse(id=f"classify-{uuid.uuid4().hex}", created=int(time.time()), model=job.model,
                                     data=data, usage=schemas.Usage(prompt_tokens=job.n_tokens,
                                                                    total_tokens=job.n_tokens))
+
+
+CLASSIFY = Scoring(schemas.CLASSIFY_REQUEST_DECODER, validate_classify_request, submit_labels, classify_response)
 
 
 def activate(values: np.ndarray, activation: str) -> np.ndarray:
@@ -112,34 +103,6 @@ def model_cards(engine: ScoringEngine, created: int) -> list[schemas.ModelCard]:
 
 # ---- fields ---------------------------------------------------------------------------------------------
 
-def _inputs(raw: msgspec.Raw, vocab_size: int) -> list[str] | list[list[int]]:
-    if not _given(raw):
-        raise ApiError("missing_input", "input is required", "input")
-    for decoder, is_list in _INPUT_FORMS:
-        value = _decode(decoder, raw, "input")
-        if value is not _INVALID:
-            break
-    else:
-        raise ApiError("invalid_input_type", "input must be a string, a list of strings, a list of token IDs "
-                       "or a list of token-ID lists", "input")
-    inputs = value if is_list else [value]
-    tokens = bool(inputs) and isinstance(inputs[0], list)
-    if tokens and not all(map(_fits_int64, inputs)):
-        raise ApiError("invalid_input_type", "input token IDs must be integers within the signed 64-bit range",
-                       "input")
-    if not inputs:
-        raise ApiError("empty_input", "input cannot be empty. At least one input is required.", "input")
-    for index, item in enumerate(inputs):
-        if not item or (isinstance(item, str) and not item.strip()):
-            where = f"input[{index}]" if is_list else "input"
-            raise ApiError("empty_input", f"{where} is empty{' or whitespace only' if not tokens else ''}; "
-                           "there is nothing to classify.", "input")
-    if tokens:
-        for item in inputs:
-            _check_token_range(item, "input", vocab_size)
-    return inputs
-
-
 def _truncation(raw: msgspec.Raw, max_length: int) -> int | None:
     """How many trailing tokens of each prompt to keep; None: never truncate."""
     if not _given(raw):
@@ -153,15 +116,6 @@ def _truncation(raw: msgspec.Raw, max_length: int) -> int | None:
     if not 1 <= value <= max_length:
         raise ApiError("invalid_truncate_prompt_tokens", f"truncate_prompt_tokens must be -1 (the maximum sequence "
                        f"length, {max_length}) or between 1 and {max_length}; got {value}.", "truncate_prompt_tokens")
-    return value
-
-
-def _typed(raw: msgspec.Raw, decoder: msgspec.json.Decoder, name: str, kind: str, default: Any) -> Any:
-    if not _given(raw):
-        return default
-    value = _decode(decoder, raw, name)
-    if value is _INVALID:
-        raise ApiError(f"invalid_{name}_type", f"{name} must be {kind}", name)
     return value
 
 

@@ -17,22 +17,19 @@ import dataclasses
 import hmac
 import logging
 import time
-import uuid
-
-import numpy as np
-import scipy.special
 
 from handler import schemas
-from handler.classify import ClassifyJob, classify_response, model_cards, require_language_model, \
-    validate_classify_request
-from runtime.interface import DeadlineExceeded, QueueFull, ScoreResult, ScoringEngine
+from handler.classify import CLASSIFY, model_cards
+from handler.completions import COMPLETIONS
 from handler.errors import ApiError, internal_error
-from handler.http import (HttpRequest, HttpResponse, PendingScore, error_response, json_response, request_id_of,
-                          seconds)
+from handler.http import (HttpRequest, HttpResponse, Job, PendingScore, Scoring, error_response, json_response,
+                          request_id_of, seconds)
 from handler.logs import log_access
 from handler.metrics import Metrics
-from handler.rerank import RerankJob, rerank_response, reranker_cards, validate_rerank_request
-from handler.validation import ScoreJob, decode_body, validate_score_request, validate_tokenize_request
+from handler.rerank import RERANK, reranker_cards
+from handler.score import SCORE
+from handler.validation import decode_body, validate_tokenize_request
+from runtime.interface import DeadlineExceeded, QueueFull, ScoringEngine
 from runtime.settings import Settings
 
 log = logging.getLogger("scorefn.handler")
@@ -46,19 +43,24 @@ class Endpoint:
     response: type | None = None  # 200 body struct
     errors: tuple[int, ...] = ()  # error statuses it can answer besides 404/405 (documented in OpenAPI)
     quiet: bool = False  # probes and scrapes: access-logged at DEBUG
+    scoring: Scoring | None = None  # engine work: answered asynchronously, with timing headers
 
 
+_SCORING_ERRORS = (400, 401, 413, 422, 429, 500, 503)
 _RERANK = Endpoint("POST", "Rerank documents by relevance to a query (Cohere v2 / Jina / vLLM shape)",
-                   schemas.RerankRequest, schemas.RerankResponse, (400, 401, 413, 429, 500, 503))
+                   schemas.RerankRequest, schemas.RerankResponse, (400, 401, 413, 429, 500, 503), scoring=RERANK)
 RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank")  # vLLM serves all three; Cohere's clients call /v2/rerank
-SCORING_PATHS = ("/v1/score", "/v1/classify", *RERANK_PATHS)  # answered with timing headers
 
+# The one routing table: each scoring endpoint's validation and response live in its own module.
 ENDPOINTS: dict[str, Endpoint] = {
     "/v1/score": Endpoint("POST", "Score label tokens after query + item, per item",
-                          schemas.ScoreRequest, schemas.ScoreResponse, (400, 401, 413, 422, 429, 500, 503)),
+                          schemas.ScoreRequest, schemas.ScoreResponse, _SCORING_ERRORS, scoring=SCORE),
     "/v1/classify": Endpoint("POST", "Classify inputs (vLLM's classification API)",
-                             schemas.ClassifyRequest, schemas.ClassifyResponse, (400, 401, 413, 422, 429, 500, 503)),
+                             schemas.ClassifyRequest, schemas.ClassifyResponse, _SCORING_ERRORS, scoring=CLASSIFY),
     **dict.fromkeys(RERANK_PATHS, _RERANK),
+    "/v1/completions": Endpoint("POST", "Log-probabilities of every prompt token and at most one completion token "
+                                "(OpenAI's legacy completions, prefill only)", schemas.CompletionRequest,
+                                schemas.CompletionResponse, _SCORING_ERRORS, scoring=COMPLETIONS),
     "/v1/tokenize": Endpoint("POST", "Tokenize text (check that a label is a single token)",
                              schemas.TokenizeRequest, schemas.TokenizeResponse, (400, 401, 413, 500, 503)),
     "/v1/models": Endpoint("GET", "List the served model", None, schemas.ModelList, (401, 503)),
@@ -105,22 +107,21 @@ class ScoringCore:
             return outcome
         return self._complete(request, request_id, outcome)
 
-    def finish(self, pending: PendingScore, outcome: ScoreResult | BaseException) -> HttpResponse:
+    def finish(self, pending: PendingScore, outcome: object) -> HttpResponse:
         """The response for a PendingScore, given the future's result or the exception it raised."""
         try:
             if isinstance(outcome, BaseException):
                 raise self._engine_error(pending.request_id, outcome)
-            if isinstance(pending.job, ClassifyJob):
-                response = self._classified(pending.job, outcome)
-            elif isinstance(pending.job, RerankJob):
-                response = self._reranked(pending.job, outcome)
-            else:
-                response = self._scored(pending.job, outcome)
+            body = pending.scoring.respond(pending.job, outcome, self.engine)
+            job = pending.job
+            self.metrics.observe_scored(len(job.sequences), job.n_tokens, outcome.queue_seconds,
+                                        outcome.device_seconds)
+            response = json_response(200, body)
         except ApiError as error:
             response = error_response(error)
         except Exception as exc:  # building the response failed: a bug, or a result of the wrong shape
             response = error_response(self._engine_error(pending.request_id, exc))
-        result = outcome if isinstance(outcome, ScoreResult) else None
+        result = None if isinstance(outcome, BaseException) else outcome
         return self._complete(pending.request, pending.request_id, response, pending.job, result)
 
     # -- routing -------------------------------------------------------------------------------------------
@@ -155,12 +156,8 @@ class ScoringCore:
             return HttpResponse(204, [("allow", _allow(endpoint))], b"")
         if path.startswith(_AUTHENTICATED_PREFIXES):
             self._authenticate(request)
-        if path == "/v1/score":
-            return self._score(request, request_id)
-        if path == "/v1/classify":
-            return self._classify(request, request_id)
-        if path in RERANK_PATHS:
-            return self._rerank(request, request_id)
+        if endpoint.scoring is not None:
+            return self._submit(request, request_id, endpoint.scoring)
         if path == "/v1/tokenize":
             return self._tokenize(request)
         if path == "/v1/models":
@@ -203,58 +200,16 @@ class ScoringCore:
 
     # -- endpoints -----------------------------------------------------------------------------------------
 
-    def _score(self, request: HttpRequest, request_id: str) -> PendingScore:
+    def _submit(self, request: HttpRequest, request_id: str, scoring: Scoring) -> PendingScore:
         body = self._body(request)
         engine = self._require_ready()
-        score_request = decode_body(schemas.SCORE_REQUEST_DECODER, body)
-        require_language_model(engine)
-        job = validate_score_request(score_request, engine, self.settings)
-        return self._submit(request, request_id, engine, job)
-
-    def _submit(self, request: HttpRequest, request_id: str, engine: ScoringEngine,
-                job: ScoreJob | ClassifyJob | RerankJob) -> PendingScore:
+        job = scoring.validate(decode_body(scoring.decoder, body), engine, self.settings)
         deadline = time.monotonic() + self.settings.request_timeout_s
         try:
-            future = engine.submit(job.sequences, job.label_ids, deadline, request_id=request_id)
+            future = scoring.submit(engine, job, deadline, request_id)
         except Exception as exc:
             raise self._engine_error(request_id, exc) from None
-        return PendingScore(request, request_id, job, future)
-
-    def _scored(self, job: ScoreJob, result: ScoreResult) -> HttpResponse:
-        logprobs = np.asarray(result.logprobs)  # [items, labels]
-        expected = (len(job.sequences), len(job.label_ids))
-        if logprobs.shape != expected:
-            raise ValueError(f"engine returned logprobs of shape {logprobs.shape}, expected {expected}")
-        # softmax over the requested labels only, per item, in float64 on the host (RFC-000, ADR-001)
-        scores = scipy.special.softmax(logprobs.astype(np.float64), axis=1) if job.apply_softmax else logprobs
-        body = schemas.ScoreResponse(
-            id=f"score-{uuid.uuid4().hex}", created=int(time.time()), model=job.model, scores=scores.tolist(),
-            usage=schemas.Usage(prompt_tokens=job.n_tokens, total_tokens=job.n_tokens),
-        )
-        self.metrics.observe_scored(len(job.sequences), job.n_tokens, result.queue_seconds, result.device_seconds)
-        return json_response(200, body)
-
-    def _classify(self, request: HttpRequest, request_id: str) -> PendingScore:
-        body = self._body(request)
-        engine = self._require_ready()
-        job = validate_classify_request(decode_body(schemas.CLASSIFY_REQUEST_DECODER, body), engine, self.settings)
-        return self._submit(request, request_id, engine, job)
-
-    def _classified(self, job: ClassifyJob, result: ScoreResult) -> HttpResponse:
-        body = classify_response(job, result)
-        self.metrics.observe_scored(len(job.sequences), job.n_tokens, result.queue_seconds, result.device_seconds)
-        return json_response(200, body)
-
-    def _rerank(self, request: HttpRequest, request_id: str) -> PendingScore:
-        body = self._body(request)
-        engine = self._require_ready()
-        job = validate_rerank_request(decode_body(schemas.RERANK_REQUEST_DECODER, body), engine, self.settings)
-        return self._submit(request, request_id, engine, job)
-
-    def _reranked(self, job: RerankJob, result: ScoreResult) -> HttpResponse:
-        body = rerank_response(job, result)
-        self.metrics.observe_scored(len(job.sequences), job.n_tokens, result.queue_seconds, result.device_seconds)
-        return json_response(200, body)
+        return PendingScore(request, request_id, job, future, scoring)
 
     def _tokenize(self, request: HttpRequest) -> HttpResponse:
         body = self._body(request)
@@ -286,13 +241,12 @@ class ScoringCore:
         return internal_error()
 
     def _complete(self, request: HttpRequest, request_id: str, response: HttpResponse,
-                  job: ScoreJob | ClassifyJob | RerankJob | None = None,
-                  result: ScoreResult | None = None) -> HttpResponse:
+                  job: Job | None = None, result: object = None) -> HttpResponse:
         total = time.perf_counter() - request.started
         path = _normalized(request.path)
         endpoint = ENDPOINTS.get(path)
         headers = [("x-request-id", request_id)]
-        if path in SCORING_PATHS:  # timing headers, in seconds (see handler.http.seconds)
+        if endpoint is not None and endpoint.scoring is not None:  # timing headers, in seconds (handler.http)
             if result is not None:
                 headers += [("x-queue-time", seconds(result.queue_seconds)),
                             ("x-device-time", seconds(result.device_seconds))]

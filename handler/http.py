@@ -6,14 +6,15 @@ import concurrent.futures
 import dataclasses
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
 import msgspec
 
-from handler.classify import ClassifyJob
 from handler.errors import ApiError
-from handler.rerank import RerankJob
 from handler.schemas import ENCODER, ErrorBody, ErrorEnvelope
-from handler.validation import ScoreJob
+from runtime.interface import ScoringEngine
+from runtime.settings import Settings
 
 JSON = "application/json"
 _MAX_REQUEST_ID_CHARS = 128
@@ -39,14 +40,35 @@ class HttpResponse:
         return next((value for name, value in self.headers if name == "content-type"), JSON)
 
 
+class Job(Protocol):
+    """A validated request of a scoring endpoint."""
+    sequences: list[list[int]]  # what the engine computes, one row each
+    n_tokens: int  # their tokens (usage.prompt_tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoring:
+    """How a scoring endpoint turns a request into engine work, and the engine's result into its answer
+    (each endpoint's module defines one; handler.core routes to it)."""
+    decoder: msgspec.json.Decoder  # the body -> its request struct
+    validate: Callable[[Any, ScoringEngine, Settings], Job]  # raises ApiError in the endpoint's order
+    submit: Callable[[ScoringEngine, Any, float, str], concurrent.futures.Future]
+    respond: Callable[[Any, Any, ScoringEngine], msgspec.Struct]  # (job, the engine's result) -> the 200 body
+
+
+def submit_labels(engine: ScoringEngine, job: Any, deadline: float, request_id: str) -> concurrent.futures.Future:
+    """Score the job's label tokens after each of its sequences (/v1/score, /v1/classify, /v1/rerank)."""
+    return engine.submit(job.sequences, job.label_ids, deadline, request_id=request_id)
+
+
 @dataclasses.dataclass(frozen=True)
 class PendingScore:
-    """A scoring request (/v1/score, /v1/classify, /v1/rerank) handed to the engine; the face waits on `future`,
-    then calls core.finish."""
+    """A scoring request handed to the engine; the face waits on `future`, then calls core.finish."""
     request: HttpRequest
     request_id: str
-    job: ScoreJob | ClassifyJob | RerankJob
+    job: Job
     future: concurrent.futures.Future
+    scoring: Scoring
 
 
 def json_response(status: int, payload: msgspec.Struct, headers: list[tuple[str, str]] | None = None) -> HttpResponse:

@@ -23,7 +23,8 @@ import scipy.special
 from handler import schemas
 from runtime.interface import ScoreResult, ScoringEngine
 from handler.errors import ApiError
-from handler.validation import _INVALID, _SHOWN_CHARS, _decode, _given
+from handler.http import Scoring, submit_labels
+from handler.validation import _INVALID, _SHOWN_CHARS, _decode, _given, optional
 from runtime.rerankers import Reranker
 from runtime.settings import Settings
 
@@ -50,7 +51,7 @@ def validate_rerank_request(request: schemas.RerankRequest, engine: ScoringEngin
     query = _query(request.query)
     documents = _documents(request.documents)
     top_n = _positive(request.top_n, "top_n", len(documents))
-    return_documents = _typed(request.return_documents, _BOOL, "return_documents", "a boolean", True)
+    return_documents = optional(request.return_documents, _BOOL, "return_documents", "a boolean", True)
     max_tokens = _positive(request.max_tokens_per_doc, "max_tokens_per_doc", None)
     reranker = _reranker(request.model, engine)
 
@@ -75,7 +76,7 @@ def relevance(values: np.ndarray, reranker: Reranker) -> np.ndarray:
     return scipy.special.expit(margin)
 
 
-def rerank_response(job: RerankJob, result: ScoreResult) -> schemas.RerankResponse:
+def rerank_response(job: RerankJob, result: ScoreResult, engine: ScoringEngine) -> schemas.RerankResponse:
     values = np.asarray(result.logprobs)  # [documents, labels]
     expected = (len(job.sequences), len(job.label_ids))
     if values.shape != expected:
@@ -86,6 +87,9 @@ def rerank_response(job: RerankJob, result: ScoreResult) -> schemas.RerankRespon
         text=job.documents[i]) if job.return_documents else msgspec.UNSET) for i in order]
     return schemas.RerankResponse(id=f"rerank-{uuid.uuid4().hex}", model=job.model, results=results,
                                   usage=schemas.RerankUsage(prompt_tokens=job.n_tokens, total_tokens=job.n_tokens))
+
+
+RERANK = Scoring(schemas.RERANK_REQUEST_DECODER, validate_rerank_request, submit_labels, rerank_response)
 
 
 def reranker_cards(engine: ScoringEngine, cards: list[schemas.ModelCard], created: int) -> list[schemas.ModelCard]:
@@ -134,17 +138,8 @@ def _positive(raw: msgspec.Raw, name: str, default: Any) -> Any:
     return value
 
 
-def _typed(raw: msgspec.Raw, decoder: msgspec.json.Decoder, name: str, kind: str, default: Any) -> Any:
-    if not _given(raw):
-        return default
-    value = _decode(decoder, raw, name)
-    if value is _INVALID:
-        raise ApiError(f"invalid_{name}_type", f"{name} must be {kind}", name)
-    return value
-
-
 def _reranker(raw: msgspec.Raw, engine: ScoringEngine) -> Reranker:
-    name = _typed(raw, _TEXT, "model", "a string", None)
+    name = optional(raw, _TEXT, "model", "a string", None)
     rerankers = engine.rerankers
     if not rerankers:
         raise ApiError("model_not_supported", f"The served model '{engine.model_id}' has no reranker: declare one in "

@@ -139,6 +139,76 @@ class RerankRequest(msgspec.Struct, frozen=True, kw_only=True):
     )] = msgspec.UNSET
 
 
+class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """OpenAI's legacy completions request, prefill only (handler.completions validates it)."""
+    prompt: Annotated[msgspec.Raw, _doc(
+        "A text, a list of texts, token IDs, or a list of token-ID lists (none empty); one choice per prompt.",
+        anyOf=[{"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1},
+                                                    "minItems": 1},
+               {**TOKEN_IDS, "minItems": 1}, {"type": "array", "items": {**TOKEN_IDS, "minItems": 1}, "minItems": 1}],
+    )] = msgspec.UNSET
+    max_tokens: Annotated[msgspec.Raw, _doc(
+        "0 (score the prompt only) or 1 (also the one token after it, from the same prefill). Required: OpenAI's "
+        "default of 16 would be generation, which this server does not do.", type="integer", minimum=0, maximum=1,
+    )] = msgspec.UNSET
+    echo: Annotated[msgspec.Raw, _doc("Return the prompt's tokens (and their log-probabilities) before the "
+                                      "completion.", type=["boolean", "null"], default=False)] = msgspec.UNSET
+    logprobs: Annotated[msgspec.Raw, _doc(
+        "Per token, its log-probability and this many most likely alternatives (0-20); omitted: none.",
+        type=["integer", "null"], minimum=0, maximum=20)] = msgspec.UNSET
+    temperature: Annotated[msgspec.Raw, _doc(
+        "0: the completion token is the most likely one; above 0: drawn at this temperature.",
+        type=["number", "null"], minimum=0, maximum=2, default=1)] = msgspec.UNSET
+    top_p: Annotated[msgspec.Raw, _doc("Only 1 (no nucleus truncation) is supported.", type=["number", "null"],
+                                       minimum=1, maximum=1, default=1)] = msgspec.UNSET
+    seed: Annotated[msgspec.Raw, _doc("Draws the same token for the same seed, prompt and model.",
+                                      type=["integer", "null"])] = msgspec.UNSET
+    stop: Annotated[msgspec.Raw, _doc(
+        "Up to 4 strings: a completion containing one is cut before it (finish_reason \"stop\").",
+        anyOf=[{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+               {"type": "null"}])] = msgspec.UNSET
+    n: Annotated[msgspec.Raw, _doc("Only 1.", type=["integer", "null"], minimum=1, maximum=1,
+                                   default=1)] = msgspec.UNSET
+    best_of: Annotated[msgspec.Raw, _doc("Only 1.", type=["integer", "null"], minimum=1, maximum=1,
+                                         default=1)] = msgspec.UNSET
+    stream: Annotated[msgspec.Raw, _doc("Only false: a completion of at most one token is answered whole.",
+                                        type=["boolean", "null"], default=False)] = msgspec.UNSET
+    suffix: Annotated[msgspec.Raw, _doc("Only null or empty: insertion needs text after the completion, which a "
+                                        "prefill of the prompt does not read.", type=["string", "null"],
+                                        maxLength=0)] = msgspec.UNSET
+    presence_penalty: Annotated[msgspec.Raw, _doc("Accepted; it cannot change the first token.",
+                                                  type=["number", "null"], minimum=-2, maximum=2)] = msgspec.UNSET
+    frequency_penalty: Annotated[msgspec.Raw, _doc("Accepted; it cannot change the first token.",
+                                                   type=["number", "null"], minimum=-2, maximum=2)] = msgspec.UNSET
+    user: Annotated[msgspec.Raw, _doc("Accepted for compatibility; ignored.", type=["string", "null"])] = msgspec.UNSET
+    model: Annotated[msgspec.Raw, _doc(
+        "The served model's id (GET /v1/models); omitted or null: the served model.", type=["string", "null"],
+    )] = msgspec.UNSET
+
+
+class CompletionLogprobs(msgspec.Struct, frozen=True, kw_only=True):
+    tokens: list[str]  # each token as the tokenizer decodes it alone
+    token_logprobs: list[float | None]  # null for the first prompt token (nothing predicts it)
+    top_logprobs: list[dict[str, float] | None]  # the most likely tokens there, and the token itself
+    text_offset: list[int]  # where each token starts in `text`, in characters
+
+
+class CompletionChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int  # the prompt's position in the request
+    text: str  # the completion (after the prompt with echo)
+    finish_reason: str  # "length", or "stop" when a stop string cut the completion
+    logprobs: CompletionLogprobs | None
+
+
+class CompletionResponse(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
 class TextDocument(msgspec.Struct, frozen=True):
     text: str  # other keys are ignored
 
@@ -202,6 +272,7 @@ SCORE_REQUEST_DECODER = msgspec.json.Decoder(ScoreRequest)
 TOKENIZE_REQUEST_DECODER = msgspec.json.Decoder(TokenizeRequest)
 CLASSIFY_REQUEST_DECODER = msgspec.json.Decoder(ClassifyRequest)
 RERANK_REQUEST_DECODER = msgspec.json.Decoder(RerankRequest)
+COMPLETION_REQUEST_DECODER = msgspec.json.Decoder(CompletionRequest)
 
 # Fields the request structs treat as optional only so that validation can say which one is missing.
 REQUIRED_FIELDS: dict[type, tuple[str, ...]] = {
@@ -209,6 +280,7 @@ REQUIRED_FIELDS: dict[type, tuple[str, ...]] = {
     TokenizeRequest: ("text",),
     ClassifyRequest: ("input",),
     RerankRequest: ("query", "documents"),
+    CompletionRequest: ("prompt", "max_tokens"),
 }
 
 

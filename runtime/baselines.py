@@ -5,7 +5,8 @@ Two baselines, on CUDA when PyTorch sees a GPU, else on the CPU:
 - `score_prefix_cached`: the way an expert scores many continuations of one long query: the query's KV cache
   computed once, repeated over a batch of items, the items run against it (right-padded), the vocabulary
   projection only at each item's last token.
-Both return log P(label | sequence) [items, labels] as NumPy float32. Used by `scorefn bench` only.
+Both return log P(label | sequence) [items, labels] as NumPy float32; `token_logprobs` computes what
+/v1/completions echoes. Used by `scorefn bench` only.
 """
 
 from __future__ import annotations
@@ -82,6 +83,28 @@ class TorchScorer:
                 logits = self.model.lm_head(hidden[torch.arange(len(chunk), device=self.device), last])
                 out.append(torch.log_softmax(logits.float(), dim=-1)[:, labels])
         return self._sync(torch.cat(out).cpu().numpy())
+
+
+    def token_logprobs(self, sequences: list[list[int]], top_k: int):
+        """Every position's next-token log-probability and top_k alternatives (what /v1/completions echoes),
+        right-padded batches, the float32 log-softmax over the vocabulary per batch."""
+        torch = self.torch
+        out = []
+        with torch.inference_mode():
+            for start in range(0, len(sequences), self.batch):
+                chunk = sequences[start:start + self.batch]
+                width = max(len(s) for s in chunk)
+                ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+                mask = torch.zeros((len(chunk), width), dtype=torch.long)
+                for row, seq in enumerate(chunk):
+                    ids[row, :len(seq)] = torch.tensor(seq)
+                    mask[row, :len(seq)] = 1
+                ids, mask = ids.to(self.device), mask.to(self.device)
+                logprobs = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
+                chosen = logprobs[:, :-1].gather(2, ids[:, 1:, None])[..., 0]
+                top = logprobs.topk(top_k, dim=-1)
+                out.append((chosen.cpu(), top.indices.cpu(), top.values.cpu()))
+        return self._sync(out)
 
 
 def random_checkpoint(config_path: str | Path, out_dir: Path) -> Path:

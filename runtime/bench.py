@@ -7,7 +7,10 @@ Baselines (runtime.baselines, on CUDA when PyTorch sees a GPU): transformers sco
 transformers with the query's KV cache computed once and reused (W2).
 Workloads: W1 (a 15-token query, items of ~8 tokens, 3 labels; 1, 32 and 256 items per request; 1 item is the
 single-item latency), W2 (one long query x many 20-token items, 1 label: 1000x100, and 2000x500 on
-accelerators or with --peer), W3 (concurrent HTTP clients vs one at a time; CPU, embedded model).
+accelerators or with --peer), W3 (concurrent HTTP clients vs one at a time; CPU, embedded model), W4 (64
+prompts of 256 tokens: every position's log-probability and top 5, as /v1/completions echoes them), W5
+(reranking: a 64-token query and 100 documents of 100 tokens in the reranker's template, yes/no labels, prefix
+sharing on and off).
 MFU is against a bfloat16 matmul peak measured in the same run. --compile-times measures the default bucket set's
 warm-up cold and from the persistent cache, each in a fresh process. The last output line is one JSON summary.
 """
@@ -34,6 +37,9 @@ QWEN3_CONFIG = Path(__file__).resolve().parent / "configs" / "qwen3-0.6b.json"
 W1_SIZES = (1, 32, 256)
 W1_QUERY, W1_ITEM = 15, 8  # tokens (RFC-000's table: a short classification prompt, short items)
 W2_SIZES = {"w2": (1000, 100, 20), "w2_peer": (2000, 500, 20)}  # query tokens, items, item tokens
+W4_SIZE = (64, 256, 5)  # prompts, tokens each, top alternatives per position (echo + logprobs)
+# W5 reranking, as the built-in yes/no reranker lays a pair out: template head, query, document, template tail.
+W5_SIZE = (27, 64, 100, 100, 22)  # head tokens, query tokens, documents, document tokens, tail tokens
 FIRST_ID = 100  # generated token IDs avoid the low IDs most vocabularies reserve for special tokens
 
 
@@ -66,6 +72,14 @@ def bf16_matmul_peak(accelerator: bool) -> float:
     f = jax.jit(lambda x, w: jnp.einsum("mi,io->mo", x, w, preferred_element_type=jnp.float32))
     seconds = np.median(timed_runs(lambda: f(x, w).block_until_ready(), 20, warmup=3))
     return 2 * m * k * n / seconds / 1e9
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def sequence_flops(cfg, tokens: int, start: int = 0) -> float:
@@ -145,6 +159,46 @@ def run_w3(seconds: float, clients: int, env: dict[str, str]) -> dict:
     return result
 
 
+def run_w4(scorer, baselines: dict, vocab: int, smoke: bool, quick: bool) -> dict:
+    """Per-token log-probabilities with the top alternatives of every position (an evaluation harness's load)."""
+    prompts, tokens, top_k = (4, 32, W4_SIZE[2]) if smoke else W4_SIZE
+    rng = np.random.default_rng(4)
+    sequences = [token_ids(rng, vocab, tokens) for _ in range(prompts)]
+    runs = 2 if quick else 5
+    entry = {"prompts": prompts, "tokens": tokens,
+             "scorefn": summarize(timed_runs(lambda: scorer.token_logprobs(sequences), runs), prompts)}
+    for dt, torch_scorer in baselines.items():
+        entry[f"torch_{dt}"] = summarize(timed_runs(lambda: torch_scorer.token_logprobs(sequences, top_k),
+                                                    max(1, runs // 2)), prompts)
+    for row in entry.values():
+        if isinstance(row, dict):
+            row["tokens_per_s"] = row["items_per_s"] * tokens
+    return entry
+
+
+def run_w5(scorer, settings, loaded, baselines: dict, vocab: int, smoke: bool, quick: bool) -> dict:
+    """Reranking: pairs that share the template head and the query, scored with and without prefix sharing."""
+    from runtime.engine import build_scorer
+
+    head_tokens, query_tokens, documents, document_tokens, tail_tokens = (27, 16, 4, 16, 8) if smoke else W5_SIZE
+    rng = np.random.default_rng(5)
+    prefix = token_ids(rng, vocab, head_tokens + query_tokens)
+    tail = token_ids(rng, vocab, tail_tokens)
+    rests = [token_ids(rng, vocab, document_tokens) + tail for _ in range(documents)]
+    sequences, labels = [prefix + rest for rest in rests], token_ids(rng, vocab, 2)  # the yes and no tokens
+    unshared, _ = build_scorer(settings.replace(prefix_sharing=False), loaded, lazy=True)
+    runs = 2 if quick else 5
+    entry = {"documents": documents, "scorefn": summarize(timed_runs(lambda: scorer.score(sequences, labels), runs),
+                                                          documents),
+             "scorefn_no_sharing": summarize(timed_runs(lambda: unshared.score(sequences, labels), runs), documents)}
+    for dt, torch_scorer in baselines.items():
+        entry[f"torch_{dt}"] = summarize(timed_runs(lambda: torch_scorer.score_full(sequences, labels),
+                                                    max(1, runs // 2)), documents)
+        entry[f"torch_{dt}_prefix_cache"] = summarize(timed_runs(
+            lambda: torch_scorer.score_prefix_cached(prefix, rests, labels), max(1, runs // 2)), documents)
+    return entry
+
+
 def compile_times(model_dir: Path) -> dict:
     """The default bucket set's warm-up in a fresh process: into an empty persistent cache, then from it."""
     with tempfile.TemporaryDirectory(prefix="scorefn-bench-xla-") as cache:
@@ -215,7 +269,9 @@ def main(args: argparse.Namespace) -> int:
     baselines = {}
     if not args.skip_torch:
         from runtime.baselines import TorchScorer
-        dtypes = ("bfloat16",) if accelerator else ("bfloat16", "float32")
+        # On a CPU without bfloat16 instructions PyTorch's bfloat16 runs ~5x slower than float32: not what a user
+        # would run there, so only float32.
+        dtypes = ("bfloat16",) if accelerator else ("bfloat16", "float32") if cpu_has_bf16() else ("float32",)
         baselines = {dt: TorchScorer(model_dir, dt, pad_id=0) for dt in dtypes}
 
     def ours(sequences, labels, runs):
@@ -259,6 +315,23 @@ def main(args: argparse.Namespace) -> int:
         report[name] = entry
         print(line, flush=True)
 
+    report["w4"] = run_w4(scorer, baselines, vocab, smoke, quick)
+    w4 = report["w4"]
+    line = f"W4 {w4['prompts']}x{w4['tokens']} echo+logprobs {W4_SIZE[2]}: scorefn " \
+           f"{w4['scorefn']['items_per_s']:.1f} prompts/s ({w4['scorefn']['tokens_per_s']:.0f} tokens/s)"
+    for dt in baselines:
+        line += f" | torch {dt} {w4[f'torch_{dt}']['items_per_s']:.2f} prompts/s"
+    print(line, flush=True)
+
+    report["w5"] = run_w5(scorer, settings, loaded, baselines, vocab, smoke, quick)
+    w5 = report["w5"]
+    line = f"W5 rerank {w5['documents']} documents: scorefn {w5['scorefn']['items_per_s']:.1f} documents/s, " \
+           f"prefix sharing off {w5['scorefn_no_sharing']['items_per_s']:.1f}"
+    for dt in baselines:
+        line += f" | torch {dt} {w5[f'torch_{dt}']['items_per_s']:.2f}, prefix cache " \
+                f"{w5[f'torch_{dt}_prefix_cache']['items_per_s']:.1f} documents/s"
+    print(line, flush=True)
+
     if not args.skip_http and not config:
         env = {"SCOREFN_LENGTH_BUCKETS": "32,64", "SCOREFN_BATCH_BUCKETS": "1,2,4,8,16,32",
                "SCOREFN_SUFFIX_LENGTH_BUCKETS": "16", "SCOREFN_SUFFIX_BATCH_BUCKETS": "8",
@@ -301,6 +374,15 @@ def _summary(report: dict, baselines: dict) -> dict:
             for dt in baselines:
                 summary[f"{name}_vs_torch_{dt}"] = ratio(entry, f"torch_{dt}")
                 summary[f"{name}_vs_torch_{dt}_prefix_cache"] = ratio(entry, f"torch_{dt}_prefix_cache")
+    for name in ("w4", "w5"):
+        entry = report[name]
+        summary[f"{name}_items_per_s"] = round(entry["scorefn"]["items_per_s"], 1)
+        for dt in baselines:
+            summary[f"{name}_vs_torch_{dt}"] = ratio(entry, f"torch_{dt}")
+    summary["w4_tokens_per_s"] = round(report["w4"]["scorefn"]["tokens_per_s"])
+    summary["w5_sharing_vs_not"] = ratio(report["w5"], "scorefn_no_sharing")
+    for dt in baselines:
+        summary[f"w5_vs_torch_{dt}_prefix_cache"] = ratio(report["w5"], f"torch_{dt}_prefix_cache")
     if "w3" in report:
         w3 = report["w3"]
         summary["w3_concurrent_vs_serial"] = round(w3["concurrent"]["items_per_s"] / w3["serial"]["items_per_s"], 3)

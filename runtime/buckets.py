@@ -33,6 +33,7 @@ class BucketPlan:
     suffix_lengths: tuple[int, ...]  # item lengths after a shared prefix
     suffix_batches: tuple[int, ...]
     prefix_sharing: bool
+    completion_batches: tuple[int, ...] = ()  # per-position log-probabilities (/v1/completions); () for none
 
     @property
     def max_length(self) -> int:
@@ -62,6 +63,15 @@ class BucketPlan:
         return [(c, b, s) for c in self.contexts() for s in self.suffix_lengths for b in self.suffix_batches
                 if b <= self.batch_for(s, self.suffix_batches)]
 
+    def completions(self) -> list[tuple[int, int]]:
+        """(batch, length) buckets of per-position log-probabilities of whole sequences."""
+        return [(b, t) for t in self.lengths for b in self.completion_batches
+                if b <= self.batch_for(t, self.completion_batches)]
+
+    def split_completions(self, lengths: list[int]) -> list[Chunk]:
+        return _split(lengths, self.lengths, self.completion_batches,
+                      lambda length: self.batch_for(length, self.completion_batches))
+
     def split_full(self, lengths: list[int]) -> list[Chunk]:
         """Whole sequences of these lengths (longest first) as device batches."""
         return _split(lengths, self.lengths, self.batches, self.batch_for)
@@ -77,7 +87,8 @@ class BucketPlan:
         return [(b, n) for b in batches for n in self.labels]
 
     def count(self) -> int:
-        return len(self.full()) + len(self.contexts()) + len(self.continuations()) + len(self.heads())
+        return (len(self.full()) + len(self.contexts()) + len(self.continuations()) + len(self.heads())
+                + len(self.completions()))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from runtime.interface import DeadlineExceeded, EngineFault, QueueFull, ScoreResult
+from runtime.interface import DeadlineExceeded, EngineFault, QueueFull, ScoreResult, TokenLogprobsResult
 from runtime.buckets import BucketPlan, label_buckets
 from runtime.classifiers import Classifier, build_classifiers
 from runtime.loader import default_model_id
@@ -26,6 +26,7 @@ from runtime.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from runtime.platform import Platform
+    from runtime.scorer import Job, TokenJob
 
 log = logging.getLogger("scorefn.runtime")
 
@@ -34,12 +35,15 @@ _STOP = object()
 
 @dataclasses.dataclass
 class _Request:
-    sequences: Sequence[Sequence[int]]
-    label_ids: Sequence[int]
+    job: "Job | TokenJob"  # runtime.scorer's
     deadline: float | None
     submitted: float
     future: concurrent.futures.Future
     request_id: str | None = None  # the HTTP request's id, for logs
+
+    @property
+    def sequences(self) -> Sequence[Sequence[int]]:
+        return self.job.sequences
 
 
 def bucket_plan(settings: Settings, platform: "Platform") -> BucketPlan:
@@ -47,7 +51,8 @@ def bucket_plan(settings: Settings, platform: "Platform") -> BucketPlan:
         lengths=settings.length_buckets, batches=platform.batch_buckets, max_tokens=platform.max_bucket_tokens,
         labels=label_buckets(settings.max_labels), context_lengths=settings.context_buckets,
         suffix_lengths=settings.suffix_length_buckets,
-        suffix_batches=platform.suffix_batch_buckets, prefix_sharing=settings.prefix_sharing)
+        suffix_batches=platform.suffix_batch_buckets, prefix_sharing=settings.prefix_sharing,
+        completion_batches=platform.completion_batch_buckets)
 
 
 def build_scorer(settings: Settings, loaded, *, lazy: bool = False):
@@ -61,6 +66,8 @@ def build_scorer(settings: Settings, loaded, *, lazy: bool = False):
 
     platform = platforms.resolve(settings)
     plan = bucket_plan(settings, platform)
+    if loaded.cfg.task != "causal_lm":  # no language-model head: no per-position log-probabilities
+        plan = dataclasses.replace(plan, completion_batches=())
     platform = platforms.fit_to_model(platform, loaded.cfg, plan.max_length, explicit=settings.attention == "cudnn")
     log.info("platform %s", platform.describe())
 
@@ -194,12 +201,27 @@ class Engine:
 
     def submit(self, sequences, label_ids, deadline: float | None = None,
                request_id: str | None = None) -> concurrent.futures.Future:
+        from runtime.scorer import Job
+
+        return self._enqueue(Job(sequences, label_ids), deadline, request_id)
+
+    def submit_logprobs(self, sequences, sampling, deadline: float | None = None,
+                        request_id: str | None = None) -> concurrent.futures.Future:
+        from runtime.scorer import TokenJob
+
+        if self.task != "causal_lm":
+            raise ValueError(f"{self.model_id} is a {self.task} model: it has no per-token log-probabilities")
+        return self._enqueue(TokenJob(sequences, sampling), deadline, request_id)
+
+    def detokenize(self, token_ids) -> list[str]:
+        return [self.tokenizer.decode([token_id]) for token_id in token_ids]
+
+    def _enqueue(self, job, deadline: float | None, request_id: str | None) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         if self._stopping:
             raise QueueFull("the server is shutting down")
-        request = _Request(sequences, label_ids, deadline, time.monotonic(), future, request_id)
         try:
-            self._queue.put_nowait(request)
+            self._queue.put_nowait(_Request(job, deadline, time.monotonic(), future, request_id))
         except queue.Full:
             raise QueueFull(f"{self.settings.max_queue} requests are already waiting") from None
         return future
@@ -276,8 +298,6 @@ class Engine:
 
     def _launch(self, batch: list[_Request]) -> "_Round":
         """Drop requests that were cancelled or waited past their deadline, dispatch the others' device work."""
-        from runtime.scorer import Job
-
         now = time.monotonic()
         live = []
         for request in batch:
@@ -291,7 +311,7 @@ class Engine:
         round = _Round(batch, live, now, time.perf_counter())
         if live:
             try:
-                round.dispatched = self.scorer.dispatch([Job(r.sequences, r.label_ids) for r in live])
+                round.dispatched = self.scorer.dispatch([r.job for r in live])
             except Exception as exc:
                 round.error = exc
         return round
@@ -315,16 +335,26 @@ class Engine:
             device_seconds = time.perf_counter() - round.started
             self._counters["device_rounds"] += 1
             self._counters["round_sequences"] += sum(len(r.sequences) for r in round.live)
-            for request, logprobs in zip(round.live, results):
-                if not np.all(np.isfinite(logprobs)):
+            for request, result in zip(round.live, results):
+                if not _finite(result):
                     log.error("non-finite scores for request %s (%d sequences)", request.request_id,
                               len(request.sequences), extra={"json_fields": {"request_ids": [request.request_id]}})
                     request.future.set_exception(EngineFault("the model produced non-finite scores"))
                     continue
-                request.future.set_result(ScoreResult(logprobs, round.picked - request.submitted, device_seconds))
+                queued = round.picked - request.submitted
+                request.future.set_result(ScoreResult(result, queued, device_seconds) if isinstance(result, np.ndarray)
+                                          else TokenLogprobsResult(result, queued, device_seconds))
         finally:
             for _ in round.batch:
                 self._queue.task_done()
+
+
+def _finite(result) -> bool:
+    """Scores [n, labels], or each TokenLogprobs' log-probabilities."""
+    if isinstance(result, np.ndarray):
+        return bool(np.all(np.isfinite(result)))
+    return all(np.all(np.isfinite(t.next_logprobs)) and np.all(np.isfinite(t.top_logprobs))
+               and np.isfinite(t.next_logprob) for t in result)
 
 
 @dataclasses.dataclass

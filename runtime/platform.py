@@ -7,7 +7,7 @@ and the default shape buckets, for the backend JAX runs on (cpu, gpu, tpu).
 | layer loop | scanned; unrolled only for bfloat16 (its fast kernels need static weight slices: 1.35x) | scanned: unrolled compiled 12x slower on the GPU (56.6 s against 4.8 s) |
 | attention | XLA, float32 Q/K/V | GPU: cuDNN flash attention on bfloat16 Q/K/V (float32 softmax), XLA in float32 otherwise; TPU: XLA on bfloat16 Q/K/V |
 | float32 matmuls | exact already | precision "highest": the GPU default (TF32) moved log-probs by 0.028 |
-| buckets | batches up to 32, suffix batches 8 and 32 (2 cores saturate at batch 1) | batches up to 256, suffix batches up to 512 (W2 1,522 -> 1,836 items/s) |
+| buckets | batches up to 32, suffix batches 8 and 32, completion batches 1 and 8 (2 cores saturate at batch 1) | batches up to 256, suffix batches up to 512 (W2 1,522 -> 1,836 items/s), completion batches 1, 8, 64 |
 | rounds in flight | 1: host and device share the cores | 2: the next round is planned and dispatched while one runs |
 
 Each is a setting whose default, `auto`, means this table; an explicit setting wins.
@@ -25,9 +25,9 @@ from runtime.settings import Settings
 log = logging.getLogger("scorefn.runtime")
 
 DEFAULT_BUCKETS = {
-    # backend -> (batch buckets, suffix batch buckets, max tokens of one bucket)
-    "cpu": ((1, 2, 4, 8, 16, 32), (8, 32), 16384),
-    "accelerator": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (8, 32, 128, 256, 512), 65536),
+    # backend -> (batch buckets, suffix batch buckets, max tokens of one bucket, completion batch buckets)
+    "cpu": ((1, 2, 4, 8, 16, 32), (8, 32), 16384, (1, 8)),
+    "accelerator": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (8, 32, 128, 256, 512), 65536, (1, 8, 64)),
 }
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head sizes that are multiples of 8 up to this (the probe checks)
 
@@ -40,6 +40,7 @@ class Platform:
     batch_buckets: tuple[int, ...]
     suffix_batch_buckets: tuple[int, ...]
     max_bucket_tokens: int
+    completion_batch_buckets: tuple[int, ...]
     # Rounds dispatched and not yet fetched. An accelerator runs one while the host plans and dispatches the next;
     # on a CPU host and "device" share the cores, so one (and a drain never waits behind a second).
     rounds_in_flight: int = 1
@@ -49,6 +50,7 @@ class Platform:
         return (f"{self.backend}: {self.dtype}, layer loop {'unrolled' if k.unroll else 'scanned'}, attention "
                 f"{k.attention} in {k.attention_dtype}, matmul precision {k.matmul_precision or 'default'}, "
                 f"batches {self.batch_buckets}, suffix batches {self.suffix_batch_buckets}, "
+                f"completion batches {self.completion_batch_buckets}, "
                 f"at most {self.max_bucket_tokens} tokens per bucket, {self.rounds_in_flight} round(s) in flight")
 
 
@@ -70,7 +72,7 @@ def resolve(settings: Settings, backend: str | None = None) -> Platform:
     """The platform's choices for `settings` (auto settings filled in); no device work, no model needed."""
     backend = backend or current_backend()
     accelerator = backend != "cpu"
-    batches, suffix_batches, max_tokens = DEFAULT_BUCKETS["accelerator" if accelerator else "cpu"]
+    batches, suffix_batches, max_tokens, completion_batches = DEFAULT_BUCKETS["accelerator" if accelerator else "cpu"]
     dtype = settings.dtype if settings.dtype != "auto" else ("bfloat16" if accelerator else "float32")
     loop = settings.layer_loop if settings.layer_loop != "auto" else (
         "unroll" if backend == "cpu" and dtype == "bfloat16" else "scan")
@@ -81,7 +83,7 @@ def resolve(settings: Settings, backend: str | None = None) -> Platform:
                       matmul_precision="highest" if accelerator else None)
     return Platform(backend, dtype, kernels, settings.batch_buckets or batches,
                     settings.suffix_batch_buckets or suffix_batches, settings.max_bucket_tokens or max_tokens,
-                    rounds_in_flight=2 if accelerator else 1)
+                    settings.completion_batch_buckets or completion_batches, rounds_in_flight=2 if accelerator else 1)
 
 
 def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool) -> Platform:

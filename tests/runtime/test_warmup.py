@@ -9,6 +9,7 @@ import pytest
 
 from runtime import executables
 from runtime.engine import Engine
+from runtime.interface import Sampling
 from runtime.settings import load_settings
 from tests.runtime.conftest import random_sequences
 
@@ -36,6 +37,10 @@ def test_warmup_compiles_each_bucket_once_and_requests_compile_nothing(cache_dir
             assert engine.score(sequences, list(range(n_labels))).shape == (n_items, n_labels)
         query = random_sequences(rng, 1, 20, 20, 49152)[0]
         engine.score([query + [5, 6], query + [7], query + [8, 9, 10]], [1, 2])  # shares a 20-token prefix
+        # Per-position log-probabilities, alongside scoring in the same round.
+        scored = engine.submit(random_sequences(rng, 3, 1, 32, 49152), [4])
+        tokens = engine.submit_logprobs(random_sequences(rng, 9, 2, 32, 49152), [Sampling()] * 9)
+        assert scored.result().logprobs.shape == (3, 1) and len(tokens.result().sequences) == 9
         after = engine.stats()
         assert after["compiles"] == before["compiles"]
         assert after["backend_compiles"] == before["backend_compiles"]  # not one XLA compilation in the process

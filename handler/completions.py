@@ -1,0 +1,219 @@
+"""POST /v1/completions (OpenAI's legacy shape), prefill only: validation, and the response from the engine's
+per-position log-probabilities.
+
+One prefill per prompt gives the log-probability of every prompt token after the first (`echo` with
+`logprobs`), the most likely alternatives at each position, and at most one completion token: the most likely
+one after the prompt (`temperature` 0) or one drawn from the same distribution (seeded). That is what
+evaluation harnesses ask for: lm-evaluation-harness's `local-completions` sends `echo: true, logprobs: 1,
+max_tokens: 1, temperature: 0` and reads `token_logprobs[ctxlen:-1]`. `max_tokens` absent (OpenAI's default is
+16) or above 1 would be generation: 400 generation_not_supported.
+
+Like vLLM, each position's `top_logprobs` holds the `logprobs` most likely tokens and the token itself, and
+`text_offset` counts the characters of the tokens as each decodes alone, from the start of `text`.
+
+Order: prompt (missing, type, empty, token range), max_tokens, echo, logprobs, temperature, top_p, seed, stop,
+n, best_of, stream, suffix, presence_penalty, frequency_penalty, user, model; then too_many_items, and after
+tokenization context_length_exceeded, too_many_tokens. A JSON null counts as the field being absent.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import random
+import time
+import uuid
+
+import msgspec
+
+from handler import schemas
+from handler.errors import ApiError
+from handler.http import Scoring
+from handler.validation import _given, decode_inputs, optional, require_language_model, served_model
+from runtime.interface import Sampling, ScoringEngine, TokenLogprobs, TokenLogprobsResult
+from runtime.settings import Settings
+
+_INT = msgspec.json.Decoder(int)
+_BOOL = msgspec.json.Decoder(bool)
+_NUMBER = msgspec.json.Decoder(float)
+_TEXT = msgspec.json.Decoder(str)
+_STOP = msgspec.json.Decoder(str | list[str])
+MAX_LOGPROBS = 20  # OpenAI's limit (runtime.interface.MAX_TOP_LOGPROBS computes as many)
+MAX_STOP = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletionJob:
+    """A validated /v1/completions request, ready for the engine."""
+    sequences: list[list[int]]  # one prompt per choice, each non-empty and within the length limit
+    sampling: list[Sampling]
+    texts: list[str] | None  # the prompts as given when they were text (echoed as is), else None
+    max_tokens: int  # 0 or 1
+    echo: bool
+    logprobs: int | None  # alternatives per position; None: no logprobs object
+    stop: tuple[str, ...]
+    model: str
+    n_tokens: int  # usage.prompt_tokens
+
+
+def validate_completion_request(request: schemas.CompletionRequest, engine: ScoringEngine,
+                                settings: Settings) -> CompletionJob:
+    require_language_model(engine)
+    prompts, _ = decode_inputs(request.prompt, "prompt", engine.vocab_size, "score", blank_ok=True)
+    max_tokens = _max_tokens(request.max_tokens)
+    echo = optional(request.echo, _BOOL, "echo", "a boolean", False)
+    logprobs = _bounded(request.logprobs, _INT, "logprobs", "an integer", None, 0, MAX_LOGPROBS)
+    temperature = _bounded(request.temperature, _NUMBER, "temperature", "a number", 1.0, 0.0, 2.0)
+    _only(request.top_p, _NUMBER, "top_p", "a number", 1.0, "nucleus truncation is not supported")
+    seed = optional(request.seed, _INT, "seed", "an integer", None)
+    stop = _stop(request.stop)
+    _only(request.n, _INT, "n", "an integer", 1, "one choice per prompt is returned")
+    _only(request.best_of, _INT, "best_of", "an integer", 1, "one choice per prompt is returned")
+    if optional(request.stream, _BOOL, "stream", "a boolean", False):
+        raise ApiError("stream_not_supported", "stream must be false: a completion of at most one token is "
+                       "answered whole.", "stream")
+    if optional(request.suffix, _TEXT, "suffix", "a string", ""):
+        raise ApiError("suffix_not_supported", "suffix must be empty: inserting text needs the text after the "
+                       "completion, which a prefill of the prompt does not read.", "suffix")
+    for penalty in ("presence_penalty", "frequency_penalty"):  # they cannot change a first token
+        _bounded(getattr(request, penalty), _NUMBER, penalty, "a number", 0.0, -2.0, 2.0)
+    optional(request.user, _TEXT, "user", "a string", None)
+    model = served_model(request.model, engine.model_id)
+
+    if len(prompts) > settings.max_items:
+        raise ApiError("too_many_items", f"prompt has {len(prompts)} entries, more than the limit of "
+                       f"{settings.max_items}.", "prompt")
+    texts = list(prompts) if isinstance(prompts[0], str) else None
+    sequences = [_tokens(i, prompt, engine) for i, prompt in enumerate(prompts)]
+    n_tokens = sum(map(len, sequences))
+    if n_tokens > settings.max_total_tokens:
+        raise ApiError("too_many_tokens", f"The request's prompts have {n_tokens} tokens in total, more than the "
+                       f"limit of {settings.max_total_tokens}.", "prompt")
+    # Without a seed each prompt draws from a fresh generator; with one, the same seed for each prompt.
+    seeds = [seed if seed is not None else random.getrandbits(32) for _ in sequences]
+    sampling = [Sampling(temperature, s) for s in seeds]
+    return CompletionJob(sequences, sampling, texts, max_tokens, echo, logprobs, stop, model, n_tokens)
+
+
+def submit_prompts(engine: ScoringEngine, job: CompletionJob, deadline: float,
+                   request_id: str) -> concurrent.futures.Future:
+    return engine.submit_logprobs(job.sequences, job.sampling, deadline, request_id=request_id)
+
+
+def completion_response(job: CompletionJob, result: TokenLogprobsResult,
+                        engine: ScoringEngine) -> schemas.CompletionResponse:
+    if len(result.sequences) != len(job.sequences):
+        raise ValueError(f"engine returned {len(result.sequences)} sequences, expected {len(job.sequences)}")
+    choices = [_choice(i, job, sequence, found, engine)
+               for i, (sequence, found) in enumerate(zip(job.sequences, result.sequences))]
+    completion_tokens = job.max_tokens * len(job.sequences)
+    return schemas.CompletionResponse(
+        id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=job.model, choices=choices,
+        usage=schemas.Usage(prompt_tokens=job.n_tokens, completion_tokens=completion_tokens,
+                            total_tokens=job.n_tokens + completion_tokens))
+
+
+COMPLETIONS = Scoring(schemas.COMPLETION_REQUEST_DECODER, validate_completion_request, submit_prompts,
+                      completion_response)
+
+
+def _choice(index: int, job: CompletionJob, prompt: list[int], found: TokenLogprobs,
+            engine: ScoringEngine) -> schemas.CompletionChoice:
+    completion, finish_reason = "", "length"
+    if job.max_tokens:
+        completion, = engine.detokenize([found.next_id])
+        for stop in job.stop:
+            if stop in completion:
+                completion, finish_reason = completion[: completion.index(stop)], "stop"
+    if job.echo:
+        prompt_text = job.texts[index] if job.texts is not None else "".join(engine.detokenize(prompt))
+        text = prompt_text + completion
+    else:
+        text = completion
+    logprobs = None if job.logprobs is None else _logprobs(job, prompt, found, engine)
+    return schemas.CompletionChoice(index=index, text=text, finish_reason=finish_reason, logprobs=logprobs)
+
+
+def _logprobs(job: CompletionJob, prompt: list[int], found: TokenLogprobs,
+              engine: ScoringEngine) -> schemas.CompletionLogprobs:
+    """Per returned token: itself, its log-probability, the top alternatives where it was predicted."""
+    positions: list[tuple[int, float | None, int | None]] = []  # (token, log-prob, position that predicted it)
+    if job.echo:
+        positions.append((prompt[0], None, None))  # nothing predicts the first token
+        positions += [(token, float(found.next_logprobs[t]), t) for t, token in enumerate(prompt[1:])]
+    if job.max_tokens:
+        positions.append((found.next_id, found.next_logprob, len(prompt) - 1))
+    wanted = [token for token, _, _ in positions]
+    for _, _, at in positions:
+        if at is not None:
+            wanted += found.top_ids[at, : job.logprobs].tolist()
+    strings = dict(zip(wanted, engine.detokenize(wanted)))
+    tokens, top, offsets, offset = [], [], [], 0
+    for token, _, at in positions:
+        tokens.append(strings[token])
+        offsets.append(offset)
+        offset += len(strings[token])
+        if at is None:
+            top.append(None)
+            continue
+        alternatives: dict[str, float] = {}
+        for other, logprob in zip(found.top_ids[at, : job.logprobs].tolist(),
+                                  found.top_logprobs[at, : job.logprobs].tolist()):
+            alternatives.setdefault(strings[other], logprob)
+        alternatives.setdefault(strings[token], _logprob(found, token, at))  # the token itself, as vLLM does
+        top.append(alternatives)
+    return schemas.CompletionLogprobs(tokens=tokens, token_logprobs=[lp for _, lp, _ in positions],
+                                      top_logprobs=top, text_offset=offsets)
+
+
+def _logprob(found: TokenLogprobs, token: int, at: int) -> float:
+    """The log-probability of `token` predicted at position `at` (the prompt's next token, or the completion)."""
+    return float(found.next_logprobs[at]) if at < len(found.next_logprobs) else found.next_logprob
+
+
+# ---- fields ---------------------------------------------------------------------------------------------
+
+def _max_tokens(raw: msgspec.Raw) -> int:
+    if not _given(raw):
+        raise ApiError("generation_not_supported", "max_tokens is required and must be 0 or 1: this server scores "
+                       "prompts with one prefill and does not generate (OpenAI's default of 16 would).", "max_tokens")
+    value = optional(raw, _INT, "max_tokens", "an integer", None)
+    if value < 0:
+        raise ApiError("invalid_max_tokens", f"max_tokens must be 0 or 1; got {value}.", "max_tokens")
+    if value > 1:
+        raise ApiError("generation_not_supported", f"max_tokens is {value}: this server scores prompts with one "
+                       "prefill and returns at most 1 token; it does not generate.", "max_tokens")
+    return value
+
+
+def _bounded(raw: msgspec.Raw, decoder: msgspec.json.Decoder, name: str, kind: str, default, low, high):
+    value = optional(raw, decoder, name, kind, default)
+    if value is not None and not low <= value <= high:
+        raise ApiError(f"invalid_{name}", f"{name} must be between {low} and {high}; got {value}.", name)
+    return value
+
+
+def _only(raw: msgspec.Raw, decoder: msgspec.json.Decoder, name: str, kind: str, allowed, why: str) -> None:
+    value = optional(raw, decoder, name, kind, allowed)
+    if value != allowed:
+        raise ApiError(f"invalid_{name}", f"{name} must be {allowed}: {why}; got {value}.", name)
+
+
+def _stop(raw: msgspec.Raw) -> tuple[str, ...]:
+    value = optional(raw, _STOP, "stop", "a string or a list of strings", ())
+    stops = (value,) if isinstance(value, str) else tuple(value)
+    if len(stops) > MAX_STOP:
+        raise ApiError("invalid_stop", f"stop has {len(stops)} entries, more than the limit of {MAX_STOP}.", "stop")
+    return tuple(s for s in stops if s)
+
+
+def _tokens(index: int, prompt: str | list[int], engine: ScoringEngine) -> list[int]:
+    """A text prompt tokenized with the tokenizer's default special tokens; token IDs as given."""
+    sequence = list(engine.tokenize(prompt)) if isinstance(prompt, str) else prompt
+    limit = engine.max_sequence_length
+    if not sequence:
+        raise ApiError("empty_prompt", f"prompt[{index}] has no token; there is nothing to score.", "prompt")
+    if len(sequence) > limit:
+        raise ApiError("context_length_exceeded", f"prompt[{index}]: the prompt has {len(sequence)} tokens, more "
+                       f"than the maximum sequence length of {limit} tokens.", "prompt")
+    return sequence

@@ -1,0 +1,158 @@
+"""POST /v1/score (RFC-000, RFC-006): validation in RFC-006's order, and the response.
+
+Order: query (missing, type, empty, token range), items (missing, type, empty, mixed modes, token range),
+label_token_ids (missing, type, empty, non-integer, negative, beyond vocab), apply_softmax, item_first, model;
+then too_many_items, too_many_labels, and after tokenization empty_sequence, context_length_exceeded,
+too_many_tokens. A JSON null counts as the field being absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+
+import msgspec
+import numpy as np
+import scipy.special
+
+from handler import schemas
+from handler.errors import ApiError
+from handler.http import Scoring, submit_labels
+from handler.validation import (_INVALID, _check_token_range, _decode, _fits_int64, _given, optional,
+                                require_language_model, served_model)
+from runtime.interface import ScoreResult, ScoringEngine
+from runtime.settings import Settings
+
+_TEXT_OR_TOKENS = msgspec.json.Decoder(str | list[int])
+_TEXTS = msgspec.json.Decoder(list[str])
+_TOKEN_LISTS = msgspec.json.Decoder(list[list[int]])
+_INTS = msgspec.json.Decoder(list[int])
+_ANY_LIST = msgspec.json.Decoder(list[msgspec.Raw])
+_BOOL = msgspec.json.Decoder(bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreJob:
+    """A validated /v1/score request, ready for the engine."""
+    sequences: list[list[int]]  # one full sequence per item, every one non-empty and within the length limit
+    label_ids: list[int]
+    apply_softmax: bool
+    model: str
+    n_tokens: int  # sum of the sequence lengths (usage.prompt_tokens)
+
+
+def validate_score_request(request: schemas.ScoreRequest, engine: ScoringEngine, settings: Settings) -> ScoreJob:
+    require_language_model(engine)
+    vocab_size = engine.vocab_size
+    query = _query(request.query, vocab_size)
+    items = _items(request.items, isinstance(query, str), vocab_size)
+    label_ids = _labels(request.label_token_ids, vocab_size)
+    apply_softmax = optional(request.apply_softmax, _BOOL, "apply_softmax", "a boolean", False)
+    item_first = optional(request.item_first, _BOOL, "item_first", "a boolean", False)
+    model = served_model(request.model, engine.model_id)
+
+    if len(items) > settings.max_items:
+        raise ApiError("too_many_items",
+                       f"items has {len(items)} entries, more than the limit of {settings.max_items}.", "items")
+    if len(label_ids) > settings.max_labels:
+        raise ApiError("too_many_labels", f"label_token_ids has {len(label_ids)} entries, "
+                       f"more than the limit of {settings.max_labels}.", "label_token_ids")
+
+    sequences = _sequences(query, items, item_first, engine)
+    n_tokens = sum(map(len, sequences))
+    if n_tokens > settings.max_total_tokens:
+        raise ApiError("too_many_tokens", f"The request's sequences have {n_tokens} tokens in total, "
+                       f"more than the limit of {settings.max_total_tokens}.", "items")
+    return ScoreJob(sequences, label_ids, apply_softmax, model, n_tokens)
+
+
+def score_response(job: ScoreJob, result: ScoreResult, engine: ScoringEngine) -> schemas.ScoreResponse:
+    logprobs = np.asarray(result.logprobs)  # [items, labels]
+    expected = (len(job.sequences), len(job.label_ids))
+    if logprobs.shape != expected:
+        raise ValueError(f"engine returned logprobs of shape {logprobs.shape}, expected {expected}")
+    # softmax over the requested labels only, per item, in float64 on the host (RFC-000, ADR-001)
+    scores = scipy.special.softmax(logprobs.astype(np.float64), axis=1) if job.apply_softmax else logprobs
+    return schemas.ScoreResponse(
+        id=f"score-{uuid.uuid4().hex}", created=int(time.time()), model=job.model, scores=scores.tolist(),
+        usage=schemas.Usage(prompt_tokens=job.n_tokens, total_tokens=job.n_tokens))
+
+
+SCORE = Scoring(schemas.SCORE_REQUEST_DECODER, validate_score_request, submit_labels, score_response)
+
+
+# ---- fields ---------------------------------------------------------------------------------------------
+
+def _query(raw: msgspec.Raw, vocab_size: int) -> str | list[int]:
+    if not _given(raw):
+        raise ApiError("missing_query", "query is required", "query")
+    query = _decode(_TEXT_OR_TOKENS, raw, "query")
+    if query is _INVALID or (isinstance(query, list) and not _fits_int64(query)):
+        raise ApiError("invalid_query_type", "query must be a string or list of integers", "query")
+    if len(query) == 0:  # "" and [] alike: there is no context to score
+        raise ApiError("empty_query", "query cannot be empty", "query")
+    if isinstance(query, list):
+        _check_token_range(query, "query", vocab_size)
+    return query
+
+
+def _items(raw: msgspec.Raw, query_is_text: bool, vocab_size: int) -> list[str] | list[list[int]]:
+    if not _given(raw):
+        raise ApiError("missing_items", "items is required", "items")
+    items = _decode(_TEXTS, raw, "items")
+    items_are_text = items is not _INVALID
+    if not items_are_text:
+        items = _decode(_TOKEN_LISTS, raw, "items")
+    if items is _INVALID or (not items_are_text and not all(map(_fits_int64, items))):
+        raise ApiError("invalid_items_type", "items must be a list of strings or list of token ID lists", "items")
+    if not items:
+        raise ApiError("empty_items", "items cannot be empty. At least one item is required.", "items")
+    if items_are_text != query_is_text:
+        raise ApiError("mixed_input_types", "query and items must both be text (str) or both be tokens (list[int]). "
+                       f"Got query type: {_mode(query_is_text)}, items[0] type: {_mode(items_are_text)}", "items")
+    if not items_are_text:
+        for item in items:
+            if item:  # an empty item [] is allowed, like ""
+                _check_token_range(item, "items", vocab_size)
+    return items
+
+
+def _mode(is_text: bool) -> str:
+    return "str" if is_text else "list[int]"
+
+
+def _labels(raw: msgspec.Raw, vocab_size: int) -> list[int]:
+    if not _given(raw):
+        raise ApiError("missing_label_token_ids", "label_token_ids is required", "label_token_ids")
+    labels = _decode(_INTS, raw, "label_token_ids")
+    if labels is _INVALID:
+        if _decode(_ANY_LIST, raw, "label_token_ids") is _INVALID:
+            raise ApiError("invalid_label_token_ids_type", "label_token_ids must be a list of integers",
+                           "label_token_ids")
+        raise ApiError("invalid_token_id_type", "label_token_ids must contain only integers", "label_token_ids")
+    if not labels:
+        raise ApiError("empty_label_token_ids",
+                       "label_token_ids cannot be empty. At least one label token ID is required.", "label_token_ids")
+    if not _fits_int64(labels):
+        raise ApiError("invalid_token_id_type",
+                       "label_token_ids must contain only integers (within the signed 64-bit range)", "label_token_ids")
+    _check_token_range(labels, "label_token_ids", vocab_size)
+    return labels
+
+
+def _sequences(query: str | list[int], items: list[str] | list[list[int]], item_first: bool,
+               engine: ScoringEngine) -> list[list[int]]:
+    if isinstance(query, str):
+        # Text is joined before tokenizing (a token may span the boundary), with the default special tokens.
+        sequences = [engine.tokenize(item + query if item_first else query + item) for item in items]
+    else:
+        sequences = [item + query if item_first else query + item for item in items]
+    limit = engine.max_sequence_length
+    for index, sequence in enumerate(sequences):
+        if not sequence:
+            raise ApiError("empty_sequence", f"items[{index}]: the sequence to score is empty.", "items")
+        if len(sequence) > limit:
+            raise ApiError("context_length_exceeded", f"items[{index}]: the sequence has {len(sequence)} tokens, "
+                           f"more than the maximum sequence length of {limit} tokens.", "items")
+    return sequences
