@@ -24,7 +24,7 @@ from handler import schemas
 from runtime.interface import ScoreResult, ScoringEngine
 from handler.errors import ApiError
 from handler.http import Scoring, submit_labels
-from handler.validation import _INVALID, _SHOWN_CHARS, _decode, _given, decode_inputs, optional
+from handler.validation import _INVALID, _decode, _given, check_sequence, decode_inputs, optional, select_named
 from runtime.classifiers import Classifier
 from runtime.settings import Settings
 
@@ -120,23 +120,8 @@ def _truncation(raw: msgspec.Raw, max_length: int) -> int | None:
 
 
 def _classifier(raw: msgspec.Raw, engine: ScoringEngine) -> Classifier:
-    name = None
-    if _given(raw):
-        name = _decode(_TEXT, raw, "model")
-        if name is _INVALID:
-            raise ApiError("invalid_model_type", "model must be a string", "model")
-    classifiers = engine.classifiers
-    if not classifiers:
-        raise ApiError("model_not_supported", f"The served model '{engine.model_id}' has no classifier: declare a "
-                       "prompt-verbalizer classifier in SCOREFN_CLASSIFIERS (see the README).")
-    if name is None or (name == engine.model_id and name not in (c.name for c in classifiers)):
-        return classifiers[0]  # the served model's own id selects its first classifier
-    for classifier in classifiers:
-        if classifier.name == name:
-            return classifier
-    shown = name if len(name) <= _SHOWN_CHARS else name[:_SHOWN_CHARS] + "..."
-    available = [c.name for c in classifiers]
-    raise ApiError("model_not_found", f"Model '{shown}' not found. Available classifiers: {available}", "model")
+    return select_named(raw, engine.classifiers, engine.model_id, "classifier", "declare a prompt-verbalizer "
+                        "classifier in SCOREFN_CLASSIFIERS (see the README).")
 
 
 def _prompt(index: int, value: str | list[int], classifier: Classifier, engine: ScoringEngine,
@@ -147,11 +132,6 @@ def _prompt(index: int, value: str | list[int], classifier: Classifier, engine: 
         sequence = classifier.splice(value)
     if keep is not None:
         sequence = sequence[-keep:]  # vLLM's truncate_prompt_tokens: the prompt's last tokens
-    limit = engine.max_sequence_length
-    if not sequence:
-        raise ApiError("empty_sequence", f"input[{index}]: the prompt to classify has no token.", "input")
-    if len(sequence) > limit:
-        raise ApiError("context_length_exceeded", f"input[{index}]: the prompt has {len(sequence)} tokens, more than "
-                       f"the maximum sequence length of {limit} tokens. Set truncate_prompt_tokens to keep only its "
-                       "last tokens.", "input")
+    check_sequence(sequence, f"input[{index}]", "the prompt", "input", engine,
+                   " Set truncate_prompt_tokens to keep only its last tokens.")
     return sequence

@@ -13,7 +13,7 @@ Like vLLM, each position's `top_logprobs` holds the `logprobs` most likely token
 
 Order: prompt (missing, type, empty, token range), max_tokens, echo, logprobs, temperature, top_p, seed, stop,
 n, best_of, stream, suffix, presence_penalty, frequency_penalty, user, model; then too_many_items, and after
-tokenization context_length_exceeded, too_many_tokens. A JSON null counts as the field being absent.
+tokenization empty_sequence, context_length_exceeded, too_many_tokens. A JSON null counts as the field being absent.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import msgspec
 from handler import schemas
 from handler.errors import ApiError
 from handler.http import Scoring
-from handler.validation import _given, decode_inputs, optional, require_language_model, served_model
+from handler.validation import _given, check_sequence, decode_inputs, optional, require_language_model, served_model
 from runtime.interface import Sampling, ScoringEngine, TokenLogprobs, TokenLogprobsResult
 from runtime.settings import Settings
 
@@ -210,10 +210,5 @@ def _stop(raw: msgspec.Raw) -> tuple[str, ...]:
 def _tokens(index: int, prompt: str | list[int], engine: ScoringEngine) -> list[int]:
     """A text prompt tokenized with the tokenizer's default special tokens; token IDs as given."""
     sequence = list(engine.tokenize(prompt)) if isinstance(prompt, str) else prompt
-    limit = engine.max_sequence_length
-    if not sequence:
-        raise ApiError("empty_prompt", f"prompt[{index}] has no token; there is nothing to score.", "prompt")
-    if len(sequence) > limit:
-        raise ApiError("context_length_exceeded", f"prompt[{index}]: the prompt has {len(sequence)} tokens, more "
-                       f"than the maximum sequence length of {limit} tokens.", "prompt")
+    check_sequence(sequence, f"prompt[{index}]", "the prompt", "prompt", engine)
     return sequence

@@ -24,7 +24,7 @@ from handler import schemas
 from runtime.interface import ScoreResult, ScoringEngine
 from handler.errors import ApiError
 from handler.http import Scoring, submit_labels
-from handler.validation import _INVALID, _SHOWN_CHARS, _decode, _given, optional
+from handler.validation import _INVALID, _decode, _given, check_sequence, optional, select_named
 from runtime.rerankers import Reranker
 from runtime.settings import Settings
 
@@ -139,19 +139,8 @@ def _positive(raw: msgspec.Raw, name: str, default: Any) -> Any:
 
 
 def _reranker(raw: msgspec.Raw, engine: ScoringEngine) -> Reranker:
-    name = optional(raw, _TEXT, "model", "a string", None)
-    rerankers = engine.rerankers
-    if not rerankers:
-        raise ApiError("model_not_supported", f"The served model '{engine.model_id}' has no reranker: declare one in "
-                       "SCOREFN_RERANKERS, or serve a one-label sequence-classification model (see the README).")
-    if name is None or (name == engine.model_id and name not in (r.name for r in rerankers)):
-        return rerankers[0]  # the served model's own id selects its first reranker
-    for reranker in rerankers:
-        if reranker.name == name:
-            return reranker
-    shown = name if len(name) <= _SHOWN_CHARS else name[:_SHOWN_CHARS] + "..."
-    raise ApiError("model_not_found", f"Model '{shown}' not found. Available rerankers: "
-                   f"{[r.name for r in rerankers]}", "model")
+    return select_named(raw, engine.rerankers, engine.model_id, "reranker", "declare one in SCOREFN_RERANKERS, or "
+                        "serve a one-label sequence-classification model (see the README).")
 
 
 def _pair(index: int, query: str, document: str, reranker: Reranker, engine: ScoringEngine,
@@ -160,11 +149,6 @@ def _pair(index: int, query: str, document: str, reranker: Reranker, engine: Sco
         document = reranker.cut(document, max_tokens)  # Cohere's max_tokens_per_doc: the document's first tokens
     # The pair is rendered, then tokenized as a whole (as vLLM and the reranker's training data do).
     sequence = list(engine.tokenize(reranker.render(query, document), add_special_tokens=reranker.add_special_tokens))
-    limit = engine.max_sequence_length
-    if not sequence:
-        raise ApiError("empty_sequence", f"documents[{index}]: the query-document pair has no token.", "documents")
-    if len(sequence) > limit:
-        raise ApiError("context_length_exceeded", f"documents[{index}]: the query-document pair has {len(sequence)} "
-                       f"tokens, more than the maximum sequence length of {limit} tokens. Set max_tokens_per_doc to "
-                       "cut long documents.", "documents")
+    check_sequence(sequence, f"documents[{index}]", "the query-document pair", "documents", engine,
+                   " Set max_tokens_per_doc to cut long documents.")
     return sequence

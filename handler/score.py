@@ -19,7 +19,7 @@ import scipy.special
 from handler import schemas
 from handler.errors import ApiError
 from handler.http import Scoring, submit_labels
-from handler.validation import (_INVALID, _check_token_range, _decode, _fits_int64, _given, optional,
+from handler.validation import (_INVALID, _check_token_range, _decode, _fits_int64, _given, check_sequence, optional,
                                 require_language_model, served_model)
 from runtime.interface import ScoreResult, ScoringEngine
 from runtime.settings import Settings
@@ -148,11 +148,6 @@ def _sequences(query: str | list[int], items: list[str] | list[list[int]], item_
         sequences = [engine.tokenize(item + query if item_first else query + item) for item in items]
     else:
         sequences = [item + query if item_first else query + item for item in items]
-    limit = engine.max_sequence_length
     for index, sequence in enumerate(sequences):
-        if not sequence:
-            raise ApiError("empty_sequence", f"items[{index}]: the sequence to score is empty.", "items")
-        if len(sequence) > limit:
-            raise ApiError("context_length_exceeded", f"items[{index}]: the sequence has {len(sequence)} tokens, "
-                           f"more than the maximum sequence length of {limit} tokens.", "items")
+        check_sequence(sequence, f"items[{index}]", "the sequence", "items", engine)
     return sequences

@@ -142,6 +142,34 @@ def served_model(raw: msgspec.Raw, model_id: str) -> str:
     return model
 
 
+def select_named(raw: msgspec.Raw, choices: tuple, model_id: str, kind: str, missing: str) -> Any:
+    """`model` naming one of `choices` (classifiers, rerankers; each has a `.name`): absent, null or the served
+    model's own id select the first. `missing` says how to get one when there is none (model_not_supported)."""
+    name = optional(raw, _STR, "model", "a string", None)
+    if not choices:
+        raise ApiError("model_not_supported", f"The served model '{model_id}' has no {kind}: {missing}")
+    if name is None or (name == model_id and name not in (c.name for c in choices)):
+        return choices[0]
+    for choice in choices:
+        if choice.name == name:
+            return choice
+    shown = name if len(name) <= _SHOWN_CHARS else name[:_SHOWN_CHARS] + "..."
+    raise ApiError("model_not_found", f"Model '{shown}' not found. Available {kind}s: {[c.name for c in choices]}",
+                   "model")
+
+
+def check_sequence(sequence: list[int], where: str, what: str, param: str, engine: ScoringEngine,
+                   hint: str = "") -> None:
+    """A sequence to run: not empty (nothing to predict from), not longer than the longest length bucket (inputs
+    are never truncated). `where` and `what` name it in the message ("items[3]", "the sequence")."""
+    if not sequence:
+        raise ApiError("empty_sequence", f"{where}: {what} has no token.", param)
+    limit = engine.max_sequence_length
+    if len(sequence) > limit:
+        raise ApiError("context_length_exceeded", f"{where}: {what} has {len(sequence)} tokens, more than the "
+                       f"maximum sequence length of {limit} tokens.{hint}", param)
+
+
 def require_language_model(engine: ScoringEngine) -> None:
     """/v1/score and /v1/completions read a language-model head; a sequence-classification checkpoint has none."""
     if engine.task != "causal_lm":

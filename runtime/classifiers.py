@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import tomllib
-from pathlib import Path
 from typing import Any
+
+from runtime import declarations
 
 log = logging.getLogger("scorefn.runtime")
 
@@ -39,7 +39,7 @@ assistant_prefix = "Sentiment:"
 labels = { positive = " positive", negative = " negative" }
 '''
 
-_KEYS = {"name", "template", "labels", "chat", "assistant_prefix"}
+_KEYS = {"name", "template", "labels", *declarations.CHAT_KEYS}
 
 
 class ClassifierError(ValueError):
@@ -88,35 +88,10 @@ class Classifier:
 
 def parse_classifiers(text: str, source: str) -> tuple[ClassifierSpec, ...]:
     """The classifiers a TOML document declares; ClassifierError (naming `source`) for anything malformed."""
-    try:
-        document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ClassifierError(f"{source}: invalid TOML: {exc}") from None
-    extra = set(document) - {"classifier"}
-    if extra:
-        raise ClassifierError(f"{source}: unknown top-level keys {sorted(extra)}; declare [[classifier]] tables")
-    tables = document.get("classifier")
-    if not isinstance(tables, list) or not tables:
-        raise ClassifierError(f"{source}: declares no classifier; add at least one [[classifier]] table")
-    specs = [_spec(table, source, i) for i, table in enumerate(tables)]
-    names = [spec.name for spec in specs]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise ClassifierError(f"{source}: classifier names must be unique; repeated: {duplicates}")
-    return tuple(specs)
+    return declarations.parse_tables(text, source, "classifier", _KEYS, ClassifierError, _spec)
 
 
-def _spec(table: Any, source: str, index: int) -> ClassifierSpec:
-    where = f"{source}: classifier #{index + 1}"
-    if not isinstance(table, dict):
-        raise ClassifierError(f"{where}: expected a [[classifier]] table")
-    unknown = set(table) - _KEYS
-    if unknown:
-        raise ClassifierError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(_KEYS)})")
-    name = table.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise ClassifierError(f"{where}: `name` must be a non-empty string")
-    where = f"{source}: classifier '{name}'"
+def _spec(table: dict, name: str, where: str) -> ClassifierSpec:
     template = table.get("template")
     if not isinstance(template, str) or template.count(INPUT) != 1:
         raise ClassifierError(f"{where}: `template` must be a string containing {INPUT} exactly once")
@@ -126,27 +101,14 @@ def _spec(table: Any, source: str, index: int) -> ClassifierSpec:
     for label, word in labels.items():
         if not isinstance(word, str) or not word:
             raise ClassifierError(f"{where}: label '{label}': the verbalizer word must be a non-empty string")
-    chat = table.get("chat", False)
-    prefix = table.get("assistant_prefix", "")
-    if not isinstance(chat, bool):
-        raise ClassifierError(f"{where}: `chat` must be true or false")
-    if not isinstance(prefix, str):
-        raise ClassifierError(f"{where}: `assistant_prefix` must be a string")
-    if prefix and not chat:
-        raise ClassifierError(f"{where}: `assistant_prefix` needs `chat = true` (otherwise end the template with it)")
+    chat, prefix = declarations.chat_options(table, where, ClassifierError)
     return ClassifierSpec(name, template, tuple(labels), tuple(labels.values()), chat, prefix)
 
 
 def load_specs(path: str) -> tuple[ClassifierSpec, ...]:
     """The classifiers declared in the TOML file at `path`; empty: the built-in ones."""
-    if not path:
-        return parse_classifiers(BUILTIN_TOML, "built-in classifiers")
-    file = Path(path).expanduser()
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ClassifierError(f"SCOREFN_CLASSIFIERS={path}: cannot read the file: {exc}") from None
-    return parse_classifiers(text, str(file))
+    return declarations.read(path, "SCOREFN_CLASSIFIERS", BUILTIN_TOML, "classifier", parse_classifiers,
+                             ClassifierError)
 
 
 # ---- resolution against the served model -----------------------------------------------------------
@@ -156,29 +118,17 @@ def resolve(spec: ClassifierSpec, tokenizer: Any, vocab_size: int, max_labels: i
     where = f"classifier '{spec.name}'"
     if len(spec.labels) > max_labels:
         raise ClassifierError(f"{where}: {len(spec.labels)} labels, more than SCOREFN_MAX_LABELS={max_labels}")
-    prompt = spec.template
-    if spec.chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ClassifierError(f"{where}: `chat = true`, but the model's tokenizer has no chat template")
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": spec.template}], tokenize=False,
-                                               add_generation_prompt=True) + spec.assistant_prefix
-        if prompt.count(INPUT) != 1:
-            raise ClassifierError(f"{where}: the chat template did not keep {INPUT} exactly once: {prompt!r}")
+    prompt = declarations.render(spec.template, spec.chat, spec.assistant_prefix, tokenizer, where, ClassifierError)
+    if prompt.count(INPUT) != 1:
+        raise ClassifierError(f"{where}: the chat template did not keep {INPUT} exactly once: {prompt!r}")
     token_ids: list[int] = []
     for label, word in zip(spec.labels, spec.words):
-        ids = list(tokenizer.encode(word, add_special_tokens=False))
-        if len(ids) != 1:
-            pieces = tokenizer.convert_ids_to_tokens(ids) if ids else []
-            raise ClassifierError(
-                f"{where}: label '{label}': verbalizer {word!r} is {len(ids)} tokens {ids} {pieces}, not one; "
-                "pick a word that is a single token (check with POST /v1/tokenize; mind the leading space)")
-        if ids[0] >= vocab_size:
-            raise ClassifierError(f"{where}: label '{label}': verbalizer {word!r} is token {ids[0]}, "
-                                  f"beyond the model's vocabulary of {vocab_size}")
-        if ids[0] in token_ids:
-            other = spec.labels[token_ids.index(ids[0])]
-            raise ClassifierError(f"{where}: labels '{other}' and '{label}' have the same verbalizer token {ids[0]}")
-        token_ids.append(ids[0])
+        token = declarations.single_token(word, tokenizer, vocab_size, f"{where}: label '{label}': verbalizer",
+                                          ClassifierError)
+        if token in token_ids:
+            other = spec.labels[token_ids.index(token)]
+            raise ClassifierError(f"{where}: labels '{other}' and '{label}' have the same verbalizer token {token}")
+        token_ids.append(token)
     # Chat templates write their own special tokens (a BOS among them); tokenizing adds none then, as HF does.
     add_special_tokens = not spec.chat
     before, after = prompt.split(INPUT)

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import tomllib
-from pathlib import Path
 from typing import Any, Callable
+
+from runtime import declarations
 
 log = logging.getLogger("scorefn.runtime")
 
@@ -47,7 +47,7 @@ yes = " Yes"
 no = " No"
 '''
 
-_KEYS = {"name", "template", "yes", "no", "chat", "assistant_prefix"}
+_KEYS = {"name", "template", "yes", "no", *declarations.CHAT_KEYS}
 
 
 class RerankerError(ValueError):
@@ -94,35 +94,10 @@ class Reranker:
 
 def parse_rerankers(text: str, source: str) -> tuple[RerankerSpec, ...]:
     """The rerankers a TOML document declares; RerankerError (naming `source`) for anything malformed."""
-    try:
-        document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RerankerError(f"{source}: invalid TOML: {exc}") from None
-    extra = set(document) - {"reranker"}
-    if extra:
-        raise RerankerError(f"{source}: unknown top-level keys {sorted(extra)}; declare [[reranker]] tables")
-    tables = document.get("reranker")
-    if not isinstance(tables, list) or not tables:
-        raise RerankerError(f"{source}: declares no reranker; add at least one [[reranker]] table")
-    specs = [_spec(table, source, i) for i, table in enumerate(tables)]
-    names = [spec.name for spec in specs]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise RerankerError(f"{source}: reranker names must be unique; repeated: {duplicates}")
-    return tuple(specs)
+    return declarations.parse_tables(text, source, "reranker", _KEYS, RerankerError, _spec)
 
 
-def _spec(table: Any, source: str, index: int) -> RerankerSpec:
-    where = f"{source}: reranker #{index + 1}"
-    if not isinstance(table, dict):
-        raise RerankerError(f"{where}: expected a [[reranker]] table")
-    unknown = set(table) - _KEYS
-    if unknown:
-        raise RerankerError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(_KEYS)})")
-    name = table.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise RerankerError(f"{where}: `name` must be a non-empty string")
-    where = f"{source}: reranker '{name}'"
+def _spec(table: dict, name: str, where: str) -> RerankerSpec:
     template = table.get("template")
     if not isinstance(template, str) or template.count(QUERY) != 1 or template.count(DOCUMENT) != 1:
         raise RerankerError(f"{where}: `template` must be a string containing {QUERY} once and {DOCUMENT} once")
@@ -136,27 +111,13 @@ def _spec(table: Any, source: str, index: int) -> RerankerSpec:
     if bool(words["yes"]) != bool(words["no"]):
         raise RerankerError(f"{where}: declare both `yes` and `no` (a causal LM's verbalizer) or neither "
                             "(a sequence-classification model's one-label head)")
-    chat = table.get("chat", False)
-    prefix = table.get("assistant_prefix", "")
-    if not isinstance(chat, bool):
-        raise RerankerError(f"{where}: `chat` must be true or false")
-    if not isinstance(prefix, str):
-        raise RerankerError(f"{where}: `assistant_prefix` must be a string")
-    if prefix and not chat:
-        raise RerankerError(f"{where}: `assistant_prefix` needs `chat = true` (otherwise end the template with it)")
+    chat, prefix = declarations.chat_options(table, where, RerankerError)
     return RerankerSpec(name, template, words["yes"], words["no"], chat, prefix)
 
 
 def load_specs(path: str) -> tuple[RerankerSpec, ...]:
     """The rerankers declared in the TOML file at `path`; empty: the built-in ones."""
-    if not path:
-        return parse_rerankers(BUILTIN_TOML, "built-in rerankers")
-    file = Path(path).expanduser()
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RerankerError(f"SCOREFN_RERANKERS={path}: cannot read the file: {exc}") from None
-    return parse_rerankers(text, str(file))
+    return declarations.read(path, "SCOREFN_RERANKERS", BUILTIN_TOML, "reranker", parse_rerankers, RerankerError)
 
 
 # ---- resolution against the served model -----------------------------------------------------------
@@ -171,37 +132,22 @@ def resolve(spec: RerankerSpec, tokenizer: Any, cfg: Any, max_labels: int) -> Re
     if not head and not spec.yes:
         raise RerankerError(f"{where}: declare a `yes` and a `no` word: a causal language model's relevance is "
                             "P(yes) / (P(yes) + P(no)) at the last position")
-    prompt = spec.template
-    if spec.chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise RerankerError(f"{where}: `chat = true`, but the model's tokenizer has no chat template")
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": spec.template}], tokenize=False,
-                                               add_generation_prompt=True) + spec.assistant_prefix
-        if prompt.count(QUERY) != 1 or prompt.count(DOCUMENT) != 1:
-            raise RerankerError(f"{where}: the chat template did not keep {QUERY} and {DOCUMENT} once each: {prompt!r}")
+    prompt = declarations.render(spec.template, spec.chat, spec.assistant_prefix, tokenizer, where, RerankerError)
+    if prompt.count(QUERY) != 1 or prompt.count(DOCUMENT) != 1:
+        raise RerankerError(f"{where}: the chat template did not keep {QUERY} and {DOCUMENT} once each: {prompt!r}")
     if head:
         label_ids: tuple[int, ...] = (0,)
     else:
         if max_labels < 2:
             raise RerankerError(f"{where}: reads 2 tokens, more than SCOREFN_MAX_LABELS={max_labels}")
-        label_ids = (_single_token(where, "yes", spec.yes, tokenizer, cfg.vocab_size),
-                     _single_token(where, "no", spec.no, tokenizer, cfg.vocab_size))
+        label_ids = tuple(declarations.single_token(word, tokenizer, cfg.vocab_size, f"{where}: `{key}` word",
+                                                    RerankerError)
+                          for key, word in (("yes", spec.yes), ("no", spec.no)))
         if label_ids[0] == label_ids[1]:
             raise RerankerError(f"{where}: `yes` {spec.yes!r} and `no` {spec.no!r} are the same token {label_ids[0]}")
     # Chat templates write their own special tokens (a BOS among them); tokenizing adds none then, as HF does.
     return Reranker(name=spec.name, prompt=prompt, label_ids=label_ids, add_special_tokens=not spec.chat,
                     words=(spec.yes, spec.no) if spec.yes else (), cut=document_cutter(tokenizer))
-
-
-def _single_token(where: str, key: str, word: str, tokenizer: Any, vocab_size: int) -> int:
-    ids = list(tokenizer.encode(word, add_special_tokens=False))
-    if len(ids) != 1:
-        pieces = tokenizer.convert_ids_to_tokens(ids) if ids else []
-        raise RerankerError(f"{where}: `{key}` word {word!r} is {len(ids)} tokens {ids} {pieces}, not one; pick a "
-                            "word that is a single token (check with POST /v1/tokenize; mind the leading space)")
-    if ids[0] >= vocab_size:
-        raise RerankerError(f"{where}: `{key}` word {word!r} is token {ids[0]}, beyond the vocabulary of {vocab_size}")
-    return ids[0]
 
 
 def document_cutter(tokenizer: Any) -> Callable[[str, int], str]:

@@ -64,19 +64,7 @@ class FakeEngine:
 
     def submit(self, sequences: list[list[int]], label_ids: list[int], deadline: float | None = None,
                request_id: str | None = None) -> concurrent.futures.Future[ScoreResult]:
-        self.submissions.append((sequences, label_ids, deadline))
-        self.request_ids.append(request_id)
-        self.submitted.set()
-        if self.raise_on_submit is not None:
-            raise self.raise_on_submit
-        future: concurrent.futures.Future[ScoreResult] = concurrent.futures.Future()
-        if self.hold:
-            self.held.append(future)
-        elif self.fail_with is not None:
-            future.set_exception(self.fail_with)
-        else:
-            future.set_result(self.compute(sequences, label_ids))
-        return future
+        return self._answer(sequences, label_ids, deadline, request_id, lambda: self.compute(sequences, label_ids))
 
     @staticmethod
     def compute(sequences: list[list[int]], label_ids: list[int]) -> ScoreResult:
@@ -86,20 +74,25 @@ class FakeEngine:
 
     def submit_logprobs(self, sequences: list[list[int]], sampling: list, deadline: float | None = None,
                         request_id: str | None = None) -> concurrent.futures.Future[TokenLogprobsResult]:
-        self.submissions.append((sequences, [], deadline))
         self.sampling = list(sampling)
+        return self._answer(sequences, [], deadline, request_id, lambda: TokenLogprobsResult(
+            [token_logprobs(s, how) for s, how in zip(sequences, sampling)], queue_seconds=0.25, device_seconds=0.5))
+
+    def _answer(self, sequences: list[list[int]], label_ids: list[int], deadline: float | None,
+                request_id: str | None, result) -> concurrent.futures.Future:
+        """Record a submission, then raise, hold, fail or answer it as the test set the engine up."""
+        self.submissions.append((sequences, label_ids, deadline))
         self.request_ids.append(request_id)
         self.submitted.set()
         if self.raise_on_submit is not None:
             raise self.raise_on_submit
-        future: concurrent.futures.Future[TokenLogprobsResult] = concurrent.futures.Future()
+        future: concurrent.futures.Future = concurrent.futures.Future()
         if self.hold:
             self.held.append(future)
         elif self.fail_with is not None:
             future.set_exception(self.fail_with)
         else:
-            future.set_result(TokenLogprobsResult([token_logprobs(s, how) for s, how in zip(sequences, sampling)],
-                                                  queue_seconds=0.25, device_seconds=0.5))
+            future.set_result(result())
         return future
 
     def detokenize(self, token_ids: list[int]) -> list[str]:

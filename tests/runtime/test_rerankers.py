@@ -122,7 +122,7 @@ def test_bad_words_fail_naming_everything(tokenizer):
     (spec,) = parse_rerankers(_toml(), "t")
     with pytest.raises(RerankerError, match="reads 2 tokens, more than SCOREFN_MAX_LABELS=1"):
         resolve(spec, tokenizer, _causal_config(), 1)
-    with pytest.raises(RerankerError, match="beyond the vocabulary of 100"):
+    with pytest.raises(RerankerError, match="beyond the model's vocabulary of 100"):
         resolve(spec, tokenizer, _causal_config(100), 16)
 
     class NoChatTemplate:
