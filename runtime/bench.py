@@ -241,6 +241,8 @@ def main(args: argparse.Namespace) -> int:
     from runtime.engine import build_scorer
     from runtime.loader import load_model, resolve_model_dir
 
+    # PyTorch's baselines share the GPU: JAX takes memory as it needs it instead of 75% up front.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     settings = load_settings()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per W3 request otherwise
     smoke = getattr(args, "smoke", False)  # the test suite's run: every code path, minimal sizes

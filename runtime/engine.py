@@ -58,13 +58,17 @@ def bucket_plan(settings: Settings, platform: "Platform") -> BucketPlan:
 def build_scorer(settings: Settings, loaded, *, lazy: bool = False):
     """The scorer of a loaded model on this platform: dtype, kernels and buckets from runtime.platform, the
     device mesh from SCOREFN_MESH. `lazy`: compile buckets on first use (one-shot CLI runs, never serving)."""
+    import jax
+
     from runtime import platform as platforms
     from runtime.executables import Executables, ExecutableStore
     from runtime.model import Llama
     from runtime.scorer import Scorer
-    from runtime.sharding import build_layout
+    from runtime.sharding import build_layout, parse_mesh
 
     platform = platforms.resolve(settings)
+    data_axis, _ = parse_mesh(settings.mesh, len(jax.local_devices()))
+    platform = platforms.fit_to_data_axis(platform, settings, data_axis)
     plan = bucket_plan(settings, platform)
     if loaded.cfg.task != "causal_lm":  # no language-model head: no per-position log-probabilities
         plan = dataclasses.replace(plan, completion_batches=())

@@ -86,6 +86,19 @@ def resolve(settings: Settings, backend: str | None = None) -> Platform:
                     settings.completion_batch_buckets or completion_batches, rounds_in_flight=2 if accelerator else 1)
 
 
+def fit_to_data_axis(platform: Platform, settings: Settings, data: int) -> Platform:
+    """Auto batch buckets rounded up to multiples of the mesh's data axis, which splits every device batch;
+    explicit ones stay as set (runtime.sharding.check_batches names any that do not split)."""
+    def fit(explicit: tuple[int, ...] | None, auto: tuple[int, ...]) -> tuple[int, ...]:
+        return explicit or tuple(sorted({-(-b // data) * data for b in auto}))
+    if data == 1:
+        return platform
+    return dataclasses.replace(
+        platform, batch_buckets=fit(settings.batch_buckets, platform.batch_buckets),
+        suffix_batch_buckets=fit(settings.suffix_batch_buckets, platform.suffix_batch_buckets),
+        completion_batch_buckets=fit(settings.completion_batch_buckets, platform.completion_batch_buckets))
+
+
 def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool) -> Platform:
     """cuDNN attention only where it runs this model: bfloat16, a supported head size, no sliding window that
     masks within the served lengths, and a start-up probe that agrees with XLA. `explicit`: SCOREFN_ATTENTION

@@ -107,6 +107,7 @@ def check_batches(plan: BucketPlan, data: int, mesh_text: str) -> None:
     checks = [("SCOREFN_BATCH_BUCKETS", sorted({b for b, _ in plan.full()}))]
     if plan.prefix_sharing:
         checks.append(("SCOREFN_SUFFIX_BATCH_BUCKETS", sorted({b for _, b, _ in plan.continuations()})))
+    checks.append(("SCOREFN_COMPLETION_BATCH_BUCKETS", sorted({b for b, _ in plan.completions()})))
     problems = [f"{setting} has {', '.join(map(str, bad))}" for setting, batches in checks
                 if (bad := [b for b in batches if b % data])]
     if problems:

@@ -17,10 +17,11 @@ from runtime.weights import load_arrays
 
 
 def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_lengths=(8,), suffix_batches=(4,),
-               labels=(4, 16), max_tokens=4096, contexts=None) -> BucketPlan:
+               labels=(4, 16), max_tokens=4096, contexts=None, completion_batches=()) -> BucketPlan:
     return BucketPlan(lengths=tuple(lengths), batches=tuple(batches), max_tokens=max_tokens, labels=tuple(labels),
                       context_lengths=tuple(contexts or lengths), suffix_lengths=tuple(suffix_lengths),
-                      suffix_batches=tuple(suffix_batches), prefix_sharing=prefix_sharing)
+                      suffix_batches=tuple(suffix_batches), prefix_sharing=prefix_sharing,
+                      completion_batches=tuple(completion_batches))
 
 
 def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None = None, lazy: bool = True,

@@ -58,9 +58,10 @@ def run(spec: dict) -> dict:
             warmed = executables.cache_events()
             scorer.exe = recording = _Recording(scorer.exe)
             scores = [scorer.score(sequences, labels).tolist() for sequences, labels in job["requests"]]
+            token_logprobs = [t.next_logprobs.tolist() for t in scorer.token_logprobs(job["requests"][0][0])]
             after = executables.cache_events()
             results[mesh] = {
-                "scores": scores,
+                "scores": scores, "token_logprobs": token_logprobs,
                 "layout": layout.describe() if layout is not None else None,
                 "param_specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(scorer.exe.state)})
                 if layout is not None else [],

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from runtime.config import config_from_hf
-from runtime.platform import fit_to_model, resolve
+from runtime.platform import fit_to_data_axis, fit_to_model, resolve
 from runtime.settings import load_settings
 
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
@@ -50,6 +50,15 @@ def test_explicit_settings_win():
     platform = resolve(settings, backend="gpu")
     assert platform.kernels.unroll and platform.kernels.attention == "xla"
     assert (platform.batch_buckets, platform.suffix_batch_buckets, platform.max_bucket_tokens) == ((2, 4), (16,), 999)
+
+
+def test_auto_buckets_round_up_to_the_data_axis_explicit_ones_stay():
+    settings = load_settings(environ={"SCOREFN_SUFFIX_BATCH_BUCKETS": "6"})
+    platform = fit_to_data_axis(resolve(settings, backend="gpu"), settings, data=4)
+    assert platform.batch_buckets == (4, 8, 16, 32, 64, 128, 256)
+    assert platform.completion_batch_buckets == (4, 8, 64)
+    assert platform.suffix_batch_buckets == (6,)  # as set: the mesh check names it
+    assert fit_to_data_axis(platform, settings, data=1) is platform
 
 
 def test_bad_values_are_refused():

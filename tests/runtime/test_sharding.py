@@ -21,9 +21,11 @@ from tests.conftest import REPO
 from tests.runtime.conftest import random_sequences, small_plan, tiny_checkpoint
 
 MESHES = ("1x1", "4x1", "1x4", "2x2")  # "1x1": the unsharded single-device runtime, the reference
-# Buckets divide by the data axis (4); prefix sharing on, so the context keys/values path runs sharded too.
+# Buckets divide by the data axis (4); prefix sharing on, so the context keys/values path runs sharded too;
+# one completion bucket, so per-position log-probabilities (/v1/completions) run sharded too.
 TINY_BUCKETS = dict(length_buckets=(16,), batch_buckets=(4,), context_buckets=(16,), suffix_batch_buckets=(4,),
-                    suffix_length_buckets=(8,), max_labels=4, prefix_sharing=True, dtype="float32")
+                    suffix_length_buckets=(8,), completion_batch_buckets=(4,), max_labels=4, prefix_sharing=True,
+                    dtype="float32")
 # The embedded model compiles slowly on 2 cores: one (batch, length) bucket, no prefix sharing (the tiny
 # models cover the context path, with KV heads replicated as the embedded model's would be).
 EMBEDDED_BUCKETS = {**TINY_BUCKETS, "batch_buckets": (8,), "prefix_sharing": False}
@@ -85,12 +87,16 @@ def test_meshes_score_like_one_device(sharded, job, mesh):
     atol = EMBEDDED_ATOL if job == "embedded" else TINY_ATOL
     for expected, got in zip(reference["scores"], ours["scores"]):
         np.testing.assert_allclose(np.array(got), np.array(expected), atol=atol, rtol=0)
+    # Per-position log-probabilities reach -22 (unlikely tokens): the same float32 noise, relative (1.05e-4 at
+    # -13.5 measured on the embedded model, 4x1).
+    for expected, got in zip(reference["token_logprobs"], ours["token_logprobs"]):
+        np.testing.assert_allclose(np.array(got), np.array(expected), atol=atol, rtol=2e-5)
     assert np.ptp(np.concatenate([np.ravel(s) for s in reference["scores"]])) > 1.0  # scores that could differ
     # Warm-up compiled every bucket of the sharded executables; scoring compiled nothing.
     assert ours["compiles"] == ours["buckets"] == ours["cache_misses"] + ours["cache_hits"]
     assert ours["compiles_while_scoring"] == 0
-    assert ours["ran"] == (["hidden", "label_logprobs"] if job == "embedded" else
-                           ["hidden", "hidden_after_context", "label_logprobs", "prefill_context"])
+    assert ours["ran"] == (["hidden", "label_logprobs", "token_logprobs"] if job == "embedded" else
+                           ["hidden", "hidden_after_context", "label_logprobs", "prefill_context", "token_logprobs"])
 
 
 @pytest.mark.slow
@@ -176,15 +182,17 @@ def test_a_model_axis_that_splits_nothing_is_a_start_up_error(smollm):
 
 
 def test_batch_buckets_not_divisible_by_the_data_axis_are_a_start_up_error(smollm):
-    plan = small_plan(batches=(1, 2, 8), prefix_sharing=True, suffix_batches=(6, 12))
+    plan = small_plan(batches=(1, 2, 8), prefix_sharing=True, suffix_batches=(6, 12), completion_batches=(1, 4))
     with pytest.raises(MeshError) as caught:
         build_layout("", smollm, plan, devices=list(range(4)))
     message = str(caught.value)
     assert "SCOREFN_MESH empty: all local devices on the data axis" in message
-    assert "SCOREFN_BATCH_BUCKETS has 1, 2; SCOREFN_SUFFIX_BATCH_BUCKETS has 6" in message
+    assert ("SCOREFN_BATCH_BUCKETS has 1, 2; SCOREFN_SUFFIX_BATCH_BUCKETS has 6; "
+            "SCOREFN_COMPLETION_BATCH_BUCKETS has 1") in message
     assert "Use multiples of 4 (e.g. 4,8,16,32)" in message
     with pytest.raises(MeshError, match=r"SCOREFN_BATCH_BUCKETS has 1\. Use multiples of 2"):
-        build_layout("2x2", smollm, BucketPlan(**{**dataclasses.asdict(plan), "suffix_batches": (4,)}),
+        build_layout("2x2", smollm, BucketPlan(**{**dataclasses.asdict(plan), "suffix_batches": (4,),
+                                                   "completion_batches": (2,)}),
                      devices=list(range(4)))
 
 
@@ -207,7 +215,7 @@ def test_the_tpu_overlay_mesh_and_buckets_fit_the_embedded_model(smollm):
     import yaml
 
     from runtime.engine import bucket_plan
-    from runtime.platform import resolve
+    from runtime.platform import fit_to_data_axis, resolve
     from runtime.settings import load_settings
 
     deployment = yaml.safe_load((REPO / "infra/k8s/overlays/tpu/deployment-tpu.yaml").read_text())
@@ -215,6 +223,6 @@ def test_the_tpu_overlay_mesh_and_buckets_fit_the_embedded_model(smollm):
     settings = load_settings(environ=env)
     data, model = parse_mesh(settings.mesh, 4)
     assert (data, model) == (4, 1)
-    plan = bucket_plan(settings, resolve(settings, backend="tpu"))
-    check_batches(plan, data, settings.mesh)  # every batch and suffix batch bucket divides
+    plan = bucket_plan(settings, fit_to_data_axis(resolve(settings, backend="tpu"), settings, data))
+    check_batches(plan, data, settings.mesh)  # every batch, suffix and completion batch bucket divides
     assert not any(sharded_parts(smollm, model, data).values())  # data parallel: a whole model per chip
