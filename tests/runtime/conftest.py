@@ -65,3 +65,11 @@ def tiny_checkpoint(family: str, out_dir: Path, **overrides):
 
 def random_sequences(rng: np.random.Generator, count: int, low: int, high: int, vocab: int) -> list[list[int]]:
     return [rng.integers(0, vocab, size=int(rng.integers(low, high + 1))).tolist() for _ in range(count)]
+
+
+@pytest.fixture(scope="session")
+def tokenizer(embedded_dir):
+    """The embedded model's tokenizer."""
+    from runtime.loader import load_tokenizer
+
+    return load_tokenizer(embedded_dir)

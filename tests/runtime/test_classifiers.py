@@ -72,12 +72,6 @@ def test_load_specs(tmp_path):
 
 # ---- against the embedded model's tokenizer --------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tokenizer(embedded_dir):
-    from runtime.loader import load_tokenizer
-
-    return load_tokenizer(embedded_dir)
-
 
 def test_builtin_sentiment_resolves_to_single_tokens(tokenizer):
     (spec,) = load_specs("")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.loader import load_tokenizer
 from tests.runtime.conftest import scorer_for, small_plan
 
 pytestmark = pytest.mark.slow
@@ -21,11 +20,6 @@ def scorers(embedded_dir):
         return small_plan(lengths=(64, 128), batches=(1, 8), prefix_sharing=sharing, suffix_lengths=(8, 32),
                           suffix_batches=(4, 8))
     return scorer_for(embedded_dir, plan=plan(True)), scorer_for(embedded_dir, plan=plan(False))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(embedded_dir):
-    return load_tokenizer(embedded_dir)
 
 
 def assert_shared_equals_full(scorers, sequences, expect_shared=True):
