@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_coldstart)
 
     bench = sub.add_parser("bench", help="benchmark against transformers (PyTorch) on this machine")
-    bench.add_argument("--quick", action="store_true", help="a run under two minutes")
+    bench.add_argument("--quick", action="store_true",
+                       help="fewer repeats (about 30 minutes on a 2-core CPU, a few on a GPU)")
     bench.add_argument("--smoke", action="store_true", help="every workload at minimal size (the test suite's run)")
     bench.add_argument("--model-config", help="config.json of a model to benchmark with random weights "
                        "(default on GPU/TPU: runtime/configs/qwen3-0.6b.json; on CPU: the embedded model)")
