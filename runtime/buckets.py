@@ -69,17 +69,28 @@ class BucketPlan:
                 if b <= self.batch_for(t, self.completion_batches)]
 
     def split_completions(self, lengths: list[int]) -> list[Chunk]:
-        return _split(lengths, self.lengths, self.completion_batches,
-                      lambda length: self.batch_for(length, self.completion_batches))
+        """Whole sequences of these lengths (longest first), read at every position, as device batches."""
+        return self._split(lengths, self.lengths, self.completion_batches)
 
     def split_full(self, lengths: list[int]) -> list[Chunk]:
         """Whole sequences of these lengths (longest first) as device batches."""
-        return _split(lengths, self.lengths, self.batches, self.batch_for)
+        return self._split(lengths, self.lengths, self.batches)
 
     def split_suffixes(self, lengths: list[int]) -> list[Chunk]:
         """Continuations of these lengths (longest first) after a shared prefix, as device batches."""
-        return _split(lengths, self.suffix_lengths, self.suffix_batches,
-                      lambda length: self.batch_for(length, self.suffix_batches))
+        return self._split(lengths, self.suffix_lengths, self.suffix_batches)
+
+    def _split(self, lengths: list[int], length_buckets: tuple[int, ...], batch_buckets: tuple[int, ...]
+               ) -> list[Chunk]:
+        """Rows sorted longest first, cut into batches as large as the token budget allows at each length bucket
+        (similar lengths share a batch)."""
+        chunks, start = [], 0
+        while start < len(lengths):
+            length = fit(length_buckets, lengths[start])
+            rows = min(self.batch_for(length, batch_buckets), len(lengths) - start)
+            chunks.append(Chunk(start, rows, fit(batch_buckets, rows), length))
+            start += rows
+        return chunks
 
     def heads(self) -> list[tuple[int, int]]:
         """(batch, labels) buckets of the vocabulary head."""
@@ -102,19 +113,6 @@ class Chunk:
     @property
     def padded_tokens(self) -> int:
         return self.batch * self.length
-
-
-def _split(lengths: list[int], length_buckets: tuple[int, ...], batch_buckets: tuple[int, ...],
-           batch_for) -> list[Chunk]:
-    """Rows sorted longest first, cut into batches as large as the token budget allows at each length bucket
-    (similar lengths share a batch)."""
-    chunks, start = [], 0
-    while start < len(lengths):
-        length = fit(length_buckets, lengths[start])
-        rows = min(batch_for(length), len(lengths) - start)
-        chunks.append(Chunk(start, rows, fit(batch_buckets, rows), length))
-        start += rows
-    return chunks
 
 
 def label_buckets(max_labels: int) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -218,13 +218,22 @@ class Scorer:
             return self.exe("label_logprobs", (batch, n_labels), hidden, labels)
         return self.exe("class_logits", (batch,), hidden)
 
-    def _dispatch_full(self, rows: list[_Row], jobs: Sequence[Job]) -> list[tuple[object, list[_Row]]]:
-        rows = sorted(rows, key=lambda row: len(row.tokens), reverse=True)  # similar lengths share a batch
-        out = []
-        for chunk in self.plan.split_full([len(row.tokens) for row in rows]):
+    def _batches(self, rows: list[_Row], split: Callable[[list[int]], list[Chunk]]
+                 ) -> Iterator[tuple[Chunk, list[_Row]]]:
+        """Rows longest first (similar lengths share a batch), cut into device batches by a BucketPlan split;
+        each batch is counted for /metrics once the caller has dispatched it."""
+        rows = sorted(rows, key=lambda row: len(row.tokens), reverse=True)
+        for chunk in split([len(row.tokens) for row in rows]):
             batch_rows = rows[chunk.start: chunk.start + chunk.rows]
+            yield chunk, batch_rows
+            self.device_batches += 1
+            self.device_rows += len(batch_rows)
+
+    def _dispatch_full(self, rows: list[_Row], jobs: Sequence[Job]) -> list[tuple[object, list[_Row]]]:
+        out = []
+        for chunk, batch_rows in self._batches(rows, self.plan.split_full):
             hidden = self.exe("hidden", (chunk.batch, chunk.length), *_padded(batch_rows, chunk))
-            out.append(self._scored(hidden, batch_rows, jobs, chunk.batch))
+            out.append((self._head(hidden, batch_rows, jobs, chunk.batch), batch_rows))
         return out
 
     def _dispatch_shared_prefix(self, j: int, jobs: Sequence[Job], shared: int) -> list[tuple[object, list[_Row]]]:
@@ -233,40 +242,27 @@ class Scorer:
         ctx_tokens = np.zeros((1, context), np.int32)
         ctx_tokens[0, :shared] = job.sequences[0][:shared]
         ctx_k, ctx_v = self.exe("prefill_context", (context,), ctx_tokens)
-        rows = sorted((_Row(j, i, seq[shared:]) for i, seq in enumerate(job.sequences)),
-                      key=lambda row: len(row.tokens), reverse=True)
+        rows = [_Row(j, i, seq[shared:]) for i, seq in enumerate(job.sequences)]
         out = []
-        for chunk in p.split_suffixes([len(row.tokens) for row in rows]):
-            batch_rows = rows[chunk.start: chunk.start + chunk.rows]
+        for chunk, batch_rows in self._batches(rows, p.split_suffixes):
             hidden = self.exe("hidden_after_context", (context, chunk.batch, chunk.length),
                               ctx_k, ctx_v, np.int32(shared), *_padded(batch_rows, chunk))
             self.prefix_batches += 1
-            out.append(self._scored(hidden, batch_rows, jobs, chunk.batch))
+            out.append((self._head(hidden, batch_rows, jobs, chunk.batch), batch_rows))
         return out
 
     def _dispatch_tokens(self, rows: list[_Row], jobs: Sequence[Job | TokenJob]) -> list[tuple[object, list[_Row]]]:
-        rows = sorted(rows, key=lambda row: len(row.tokens), reverse=True)
         out = []
-        for chunk in self.plan.split_completions([len(row.tokens) for row in rows]):
-            batch_rows = rows[chunk.start: chunk.start + chunk.rows]
+        for chunk, batch_rows in self._batches(rows, self.plan.split_completions):
             tokens, last = _padded(batch_rows, chunk)
             temperature = np.zeros((chunk.batch,), np.float32)
             seed = np.zeros((chunk.batch,), np.uint32)
             for r, row in enumerate(batch_rows):
                 sampling = jobs[row.job].sampling[row.index]
                 temperature[r], seed[r] = sampling.temperature, sampling.seed % 2**32
-            self.device_batches += 1
-            self.device_rows += len(batch_rows)
             out.append((self.exe("token_logprobs", (chunk.batch, chunk.length), tokens, last + 1, temperature, seed),
                         batch_rows))
         return out
-
-    def _scored(self, hidden, rows: list[_Row], jobs: Sequence[Job], batch: int) -> tuple[object, list[_Row]]:
-        """The head's (still on-device) output for a dispatched batch, counted for /metrics."""
-        self.device_batches += 1
-        self.device_rows += len(rows)
-        return self._head(hidden, rows, jobs, batch), rows
-
 
 def _token_logprobs(values, r: int, length: int) -> TokenLogprobs:
     """Row r of a fetched token_logprobs batch, cut to its sequence's length."""
