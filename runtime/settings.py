@@ -123,7 +123,8 @@ SETTINGS: tuple[Setting, ...] = (
             "TOML file declaring /v1/rerank rerankers. Empty: the built-in relevance reranker (a one-label "
             "sequence-classification model: the model itself)."),
     Setting("mesh", "", str,
-            "Device mesh as DATAxMODEL (e.g. 1x4). Empty: all local devices on the data axis."),
+            "Device mesh as DATAxMODEL (e.g. 1x4). Empty: all local devices on the data axis. auto batch "
+            "buckets round up to multiples of DATA; explicit ones must be multiples."),
     Setting("log_level", "INFO", _log_level,
             "Log level of the server and the CLI; DEBUG also shows the probes and scrapes (/health, /ready, /metrics)."),
     Setting("log_requests_debug", "false", _bool,
