@@ -177,9 +177,13 @@ class Llama(nnx.Module):
         h, _ = self._run_layers(tokens, positions, (ctx_k, ctx_v, ctx_len))
         return self._pool(h, last_index)
 
+    def _vocab_head(self) -> jax.Array:
+        """The vocabulary projection [V, D]: the embedding when the model ties them."""
+        return self.embed[...] if self.lm_head is None else self.lm_head[...]
+
     def label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
         """hidden [B, D], labels [B, L] (per row) -> log P(label) over the full vocabulary [B, L] float32."""
-        head = self.embed[...] if self.lm_head is None else self.lm_head[...]
+        head = self._vocab_head()
         logits = jnp.einsum("bd,vd->bv", hidden, head, preferred_element_type=F32)
         # The labels' logits as an elementwise product and sum rather than read off the matmul: XLA picks
         # matmul kernels by batch size, and this keeps a row's score the same in any batch (~1e-5 better).
@@ -199,7 +203,7 @@ class Llama(nnx.Module):
         B, T = tokens.shape
         h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)))
         h = rms_norm(h, self.final_norm[...], self.cfg.rms_norm_eps)  # [B, T, D]
-        head = self.embed[...] if self.lm_head is None else self.lm_head[...]  # [V, D]
+        head = self._vocab_head()  # [V, D]
         targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1), tokens.dtype)], axis=1)  # next token [B, T]
         chunk = _positions_per_chunk(B, T, head.shape[0])
 
