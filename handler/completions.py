@@ -149,7 +149,7 @@ def _logprobs(job: CompletionJob, prompt: list[int], found: TokenLogprobs,
             wanted += found.top_ids[at, : job.logprobs].tolist()
     strings = dict(zip(wanted, engine.detokenize(wanted)))
     tokens, top, offsets, offset = [], [], [], 0
-    for token, _, at in positions:
+    for token, token_logprob, at in positions:
         tokens.append(strings[token])
         offsets.append(offset)
         offset += len(strings[token])
@@ -160,15 +160,10 @@ def _logprobs(job: CompletionJob, prompt: list[int], found: TokenLogprobs,
         for other, logprob in zip(found.top_ids[at, : job.logprobs].tolist(),
                                   found.top_logprobs[at, : job.logprobs].tolist()):
             alternatives.setdefault(strings[other], logprob)
-        alternatives.setdefault(strings[token], _logprob(found, token, at))  # the token itself, as vLLM does
+        alternatives.setdefault(strings[token], token_logprob)  # the token itself, as vLLM does
         top.append(alternatives)
     return schemas.CompletionLogprobs(tokens=tokens, token_logprobs=[lp for _, lp, _ in positions],
                                       top_logprobs=top, text_offset=offsets)
-
-
-def _logprob(found: TokenLogprobs, token: int, at: int) -> float:
-    """The log-probability of `token` predicted at position `at` (the prompt's next token, or the completion)."""
-    return float(found.next_logprobs[at]) if at < len(found.next_logprobs) else found.next_logprob
 
 
 # ---- fields ---------------------------------------------------------------------------------------------
