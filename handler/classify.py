@@ -25,7 +25,7 @@ from runtime.interface import ScoreResult, ScoringEngine
 from handler.errors import ApiError
 from handler.http import Scoring, submit_labels
 from handler.validation import _INVALID, _decode, _given, check_sequence, decode_inputs, optional, select_named
-from runtime.classifiers import Classifier
+from runtime.tasks.classifiers import Classifier
 from runtime.settings import Settings
 
 _TEXT = msgspec.json.Decoder(str)

@@ -17,7 +17,7 @@ log = logging.getLogger("scorefn.handler")
 
 
 def build_engine(settings: Settings) -> ScoringEngine:
-    from runtime.engine import build_engine as build  # imported here: it pulls in JAX
+    from runtime.serving.engine import build_engine as build  # imported here: it pulls in JAX
 
     return build(settings)
 

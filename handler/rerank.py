@@ -25,7 +25,7 @@ from runtime.interface import ScoreResult, ScoringEngine
 from handler.errors import ApiError
 from handler.http import Scoring, submit_labels
 from handler.validation import _INVALID, _decode, _given, check_sequence, optional, select_named
-from runtime.rerankers import Reranker
+from runtime.tasks.rerankers import Reranker
 from runtime.settings import Settings
 
 _TEXT = msgspec.json.Decoder(str)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from runtime.serverproc import SMALL_BUCKETS, ServerProcess
+from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess
 
 HERE = Path(__file__).resolve().parent
 # The ranking query's length in words (one token each): query + item must fit the longest length bucket.

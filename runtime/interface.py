@@ -1,4 +1,4 @@
-"""The engine's interface: what the handler may ask of a scoring engine (runtime.engine.Engine implements it).
+"""The engine's interface: what the handler may ask of a scoring engine (runtime.serving.engine.Engine implements it).
 
 Owned by the runtime and pure Python (no JAX), so the handler depends on the runtime's contract and nothing in
 runtime/ imports handler/.
@@ -12,8 +12,8 @@ from typing import Protocol
 
 import numpy as np
 
-from runtime.classifiers import Classifier  # pure Python, like runtime.settings
-from runtime.rerankers import Reranker
+from runtime.tasks.classifiers import Classifier  # pure Python, like runtime.settings
+from runtime.tasks.rerankers import Reranker
 
 
 @dataclasses.dataclass(frozen=True)

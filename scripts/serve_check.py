@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from runtime.serverproc import SMALL_BUCKETS, ServerProcess, request_json
+from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess, request_json
 
 PARIS, LONDON = 7042, 4528  # SmolLM2's " Paris", " London"
 PARIS_LOGPROB = -0.258  # transformers float32 on the embedded model (DESIGN.md)

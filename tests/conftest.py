@@ -19,7 +19,7 @@ def cache_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def embedded_dir() -> Path:
-    from runtime.loader import resolve_model_dir
+    from runtime.model.loader import resolve_model_dir
 
     model_dir, _ = resolve_model_dir("", CACHE_DIR)
     return model_dir
@@ -31,7 +31,7 @@ def torch_embedded():
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from runtime.gguf_convert import embedded_gguf
+    from runtime.model.gguf import embedded_gguf
 
     gguf = embedded_gguf()
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)

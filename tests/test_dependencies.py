@@ -17,7 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SERVED = ("handler", "runtime")
 # `scorefn bench` is a development tool: PyTorch for its baselines, httpx (the test extra) for its HTTP clients.
-DEV_ONLY = {"runtime/bench.py": {"torch", "httpx"}, "runtime/baselines.py": {"torch"}}
+DEV_ONLY = {"runtime/tools/bench.py": {"torch", "httpx"}, "runtime/tools/baselines.py": {"torch"}}
 
 
 def _normalized(name: str) -> str:
@@ -44,7 +44,7 @@ def test_every_served_import_is_a_main_dependency():
     distributions = importlib.metadata.packages_distributions()
     missing = []
     for package in SERVED:
-        for path in sorted((REPO / package).glob("*.py")):
+        for path in sorted((REPO / package).rglob("*.py")):
             where = str(path.relative_to(REPO))
             for module in sorted(_imported_top_level(path) - DEV_ONLY.get(where, set())):
                 owners = {_normalized(d) for d in distributions.get(module, [module])}
@@ -66,9 +66,9 @@ def _imports(path: Path) -> set[str]:
 def test_the_arrows_run_one_way():
     """handler/ depends on runtime.interface and never imports JAX; runtime/ never imports handler/ or Litestar."""
     wrong = []
-    for path in sorted((REPO / "handler").glob("*.py")):
-        wrong += [f"{path.name} imports {m}" for m in _imports(path) if m.partition(".")[0] in ("jax", "flax")]
-    for path in sorted((REPO / "runtime").glob("*.py")):
-        wrong += [f"runtime/{path.name} imports {m}" for m in _imports(path)
+    for path in sorted((REPO / "handler").rglob("*.py")):
+        wrong += [f"{path.relative_to(REPO)} imports {m}" for m in _imports(path) if m.partition(".")[0] in ("jax", "flax")]
+    for path in sorted((REPO / "runtime").rglob("*.py")):
+        wrong += [f"{path.relative_to(REPO)} imports {m}" for m in _imports(path)
                   if m.partition(".")[0] in ("handler", "litestar", "granian")]
     assert not wrong, "\n".join(wrong)

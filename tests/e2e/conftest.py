@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.serverproc import SMALL_BUCKETS, ServerProcess
+from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess
 
 __all__ = ["SMALL_BUCKETS", "server"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.serverproc import SMALL_BUCKETS, free_port, serve_command
+from runtime.tools.serverproc import SMALL_BUCKETS, free_port, serve_command
 
 pytestmark = pytest.mark.slow
 FAULTS = Path(__file__).resolve().parent / "faults"  # its sitecustomize injects the faults below

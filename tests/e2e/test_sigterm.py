@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from runtime.platform import current_backend, resolve
-from runtime.serverproc import SMALL_BUCKETS, ServerProcess
+from runtime.serving.platform import current_backend, resolve
+from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess
 from runtime.settings import load_settings
 
 pytestmark = pytest.mark.slow

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.classifiers import Classifier
+from runtime.tasks.classifiers import Classifier
 from tests.handler.fake_engine import BOS, FakeEngine
 
 PREFIX, SUFFIX = "Text: ", "\nSentiment:"

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from runtime.interface import ScoreResult
-from runtime.rerankers import Reranker
+from runtime.tasks.rerankers import Reranker
 from tests.handler.fake_engine import BOS, FakeEngine, expected_logprob
 
 YES, NO = 7, 10  # the fake engine's log-probs: -0.01 * length, and -3 - 0.01 * length

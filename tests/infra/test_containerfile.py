@@ -64,8 +64,8 @@ def test_entrypoint_is_scorefn_serve_in_exec_form() -> None:
     assert json.loads(entrypoints[0]) == ["scorefn", "serve"]
     assert not [rest for kw, rest in final_stage() if kw == "CMD"], "no CMD appended to the entrypoint"
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["scorefn"] == "runtime.cli:main"
-    from runtime import cli
+    assert scripts["scorefn"] == "runtime.tools.cli:main"
+    from runtime.tools import cli
 
     assert hasattr(cli, "cmd_serve"), "`scorefn serve` exists"
 
@@ -118,10 +118,10 @@ def test_containerignore_excludes_local_state() -> None:
 
 
 def test_make_serve_runs_the_image_entrypoint() -> None:
-    # tests/e2e start exactly this command (runtime.serverproc) and wait for /ready.
+    # tests/e2e start exactly this command (runtime.tools.serverproc) and wait for /ready.
     makefile = (REPO / "Makefile").read_text()
     serve_recipe = makefile.split("\nserve:")[1].split("\n\n")[0]
     assert "$(VENV)/bin/scorefn serve" in serve_recipe
-    from runtime import serverproc
+    from runtime.tools import serverproc
 
     assert '"scorefn"' in (REPO / "runtime" / "serverproc.py").read_text() and serverproc.ServerProcess

@@ -121,7 +121,7 @@ def test_cloud_run_scaling_knobs_are_variables(cloudrun: dict[str, Any]) -> None
     assert template["max_instance_request_concurrency"] == "${var.max_instance_request_concurrency}"
     assert default(cloudrun, "min_instances") == 0
     assert default(cloudrun, "max_instances") >= 1
-    from runtime.platform import DEFAULT_BUCKETS
+    from runtime.serving.platform import DEFAULT_BUCKETS
 
     largest_batch = max(DEFAULT_BUCKETS["accelerator"][0])  # Cloud Run runs the GPU image: the accelerator buckets
     assert default(cloudrun, "max_instance_request_concurrency") >= largest_batch, "room to fill a device batch"

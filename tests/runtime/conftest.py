@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.buckets import BucketPlan
-from runtime.config import load_config
-from runtime.model import Kernels, Llama
-from runtime.platform import resolve
-from runtime.scorer import Scorer
+from runtime.serving.buckets import BucketPlan
+from runtime.model.config import load_config
+from runtime.model.transformer import Kernels, Llama
+from runtime.serving.platform import resolve
+from runtime.serving.scorer import Scorer
 from runtime.settings import load_settings
-from runtime.weights import load_arrays
+from runtime.model.weights import load_arrays
 
 
 def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_lengths=(8,), suffix_batches=(4,),
@@ -26,7 +26,7 @@ def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_le
 
 def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None = None, lazy: bool = True,
                kernels: Kernels | None = None) -> Scorer:
-    """A scorer as the CPU platform runs it (runtime.platform), or with the given kernels."""
+    """A scorer as the CPU platform runs it (runtime.serving.platform), or with the given kernels."""
     cfg = load_config(model_dir)
     plan = plan or small_plan()
     kernels = kernels or resolve(load_settings(environ={}, dtype=dtype), backend="cpu").kernels
@@ -70,6 +70,6 @@ def random_sequences(rng: np.random.Generator, count: int, low: int, high: int, 
 @pytest.fixture(scope="session")
 def tokenizer(embedded_dir):
     """The embedded model's tokenizer."""
-    from runtime.loader import load_tokenizer
+    from runtime.model.loader import load_tokenizer
 
     return load_tokenizer(embedded_dir)

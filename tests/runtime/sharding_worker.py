@@ -5,7 +5,7 @@ with JAX_PLATFORMS=cpu and JAX_NUM_CPU_DEVICES=4 (fake CPU devices):
 
     python -m tests.runtime.sharding_worker '{"xla_dir": ..., "meshes": [...], "jobs": [...]}'
 
-Each mesh goes through the engine's own scorer construction (runtime.engine.build_scorer) and warm-up
+Each mesh goes through the engine's own scorer construction (runtime.serving.engine.build_scorer) and warm-up
 (Scorer.compile_all); mesh "1x1" is the unsharded single-device runtime, the reference.
 """
 
@@ -32,11 +32,11 @@ class _Recording:
 def run(spec: dict) -> dict:
     import jax
 
-    from runtime import executables
-    from runtime.engine import build_scorer
-    from runtime.loader import load_model
+    from runtime.serving import executables
+    from runtime.serving.engine import build_scorer
+    from runtime.model.loader import load_model
     from runtime.settings import load_settings
-    from runtime.sharding import MeshError
+    from runtime.serving.sharding import MeshError
 
     executables.enable_persistent_cache(spec["xla_dir"])
     out: dict = {"devices": [d.platform for d in jax.local_devices()], "jobs": {}}

@@ -1,4 +1,4 @@
-"""runtime.attention against attention written out in float64 NumPy: full causal sequences, the shared-prefix
+"""runtime.model.attention against attention written out in float64 NumPy: full causal sequences, the shared-prefix
 cascade (one copy of the context for the whole batch, merged through log-sum-exps), sliding windows, GQA."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from runtime import attention
+from runtime.model import attention
 
 B, T, C, N, K, E = 3, 7, 12, 4, 2, 16
 

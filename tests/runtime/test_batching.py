@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.engine import Engine
+from runtime.serving.engine import Engine
 from tests.runtime.conftest import random_sequences
 from tests.runtime.test_warmup import small_settings
 

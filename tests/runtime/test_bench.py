@@ -17,7 +17,7 @@ KEYS = {"w1_32_vs_torch_float32", "w2_vs_torch_float32", "w2_vs_torch_float32_pr
 
 
 def test_bench_smoke_prints_the_summary_line():
-    result = subprocess.run([sys.executable, "-m", "runtime.cli", "bench", "--smoke"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "runtime.tools.cli", "bench", "--smoke"], capture_output=True,
                             text=True, timeout=600, env={**os.environ, "SCOREFN_DTYPE": "float32"})
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])

@@ -12,7 +12,7 @@ import scipy.special
 
 from handler.core import ScoringCore
 from handler.http import HttpRequest, PendingScore
-from runtime.engine import Engine
+from runtime.serving.engine import Engine
 from runtime.settings import load_settings
 from tests.runtime.conftest import random_sequences, scorer_for, small_plan, tiny_checkpoint
 

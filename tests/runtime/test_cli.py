@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def run_cli(*args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "runtime.cli", "score", *args], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "runtime.tools.cli", "score", *args], capture_output=True, text=True,
                          check=True, env={**os.environ, "SCOREFN_DTYPE": "float32"})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -28,6 +28,6 @@ def test_score_with_token_ids_and_with_text_labels():
 
 
 def test_multi_token_label_is_refused():
-    result = subprocess.run([sys.executable, "-m", "runtime.cli", "score", "--query", "x", "--labels", " antidisestablishment"],
+    result = subprocess.run([sys.executable, "-m", "runtime.tools.cli", "score", "--query", "x", "--labels", " antidisestablishment"],
                             capture_output=True, text=True)
     assert result.returncode != 0 and "not one" in result.stderr

@@ -1,7 +1,7 @@
 """A fault in one device round fails only that round's requests (500 internal_error, logged with their request
 IDs), a non-finite result fails only its own request, and the engine keeps serving.
 
-The real runtime.engine.Engine (queue, device thread, coalescing) runs a stub scorer, so nothing compiles;
+The real runtime.serving.engine.Engine (queue, device thread, coalescing) runs a stub scorer, so nothing compiles;
 requests go through the real handler core.
 """
 
@@ -18,8 +18,8 @@ import pytest
 from handler.core import ScoringCore
 from runtime.interface import EngineError
 from handler.http import HttpRequest, HttpResponse, PendingScore
-from runtime.engine import Engine, bucket_plan
-from runtime.platform import resolve
+from runtime.serving.engine import Engine, bucket_plan
+from runtime.serving.platform import resolve
 from runtime.settings import load_settings
 
 POISON = 666  # a device round holding this token raises
@@ -28,7 +28,7 @@ WAIT_S = 30.0
 
 
 class StubScorer:
-    """Like runtime.scorer.Scorer's dispatch/collect: one [n_sequences, n_labels] array per job. Can hold a round
+    """Like runtime.serving.scorer.Scorer's dispatch/collect: one [n_sequences, n_labels] array per job. Can hold a round
     (in dispatch, as a busy device would hold the next one)."""
 
     def __init__(self) -> None:

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from runtime.buckets import SequenceTooLong
-from runtime.config import ModelConfigError, config_from_hf, load_config
-from runtime.loader import load_model
-from runtime.weights import WeightsError, load_arrays
+from runtime.serving.buckets import SequenceTooLong
+from runtime.model.config import ModelConfigError, config_from_hf, load_config
+from runtime.model.loader import load_model
+from runtime.model.weights import WeightsError, load_arrays
 from tests.runtime.conftest import scorer_for, small_plan, tiny_checkpoint
 
 

@@ -81,7 +81,7 @@ def test_bfloat16_logprobs_close_to_transformers_float32(embedded_dir, many, ker
 
 
 def test_tokenizer_matches_transformers_gguf_tokenizer(embedded_dir, torch_embedded):
-    from runtime.loader import load_tokenizer
+    from runtime.model.loader import load_tokenizer
 
     _, reference_tokenizer = torch_embedded
     tokenizer = load_tokenizer(embedded_dir)

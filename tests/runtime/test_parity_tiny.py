@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import torch_label_logprobs
-from runtime.model import Kernels
+from runtime.model.transformer import Kernels
 from tests.runtime.conftest import random_sequences, scorer_for, small_plan, tiny_checkpoint
 
 # What GPUs and TPUs run: bfloat16 weights and attention inputs (float32 softmax and accumulation), scanned layers.

@@ -7,8 +7,8 @@ import threading
 
 import numpy as np
 
-from runtime.engine import Engine, bucket_plan
-from runtime.platform import resolve
+from runtime.serving.engine import Engine, bucket_plan
+from runtime.serving.platform import resolve
 from runtime.settings import load_settings
 
 WAIT_S = 30.0

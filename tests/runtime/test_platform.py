@@ -1,4 +1,4 @@
-"""runtime.platform: the per-backend defaults, explicit settings winning, and cuDNN attention only where it runs."""
+"""runtime.serving.platform: the per-backend defaults, explicit settings winning, and cuDNN attention only where it runs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from runtime.config import config_from_hf
-from runtime.platform import fit_to_data_axis, fit_to_model, resolve
+from runtime.model.config import config_from_hf
+from runtime.serving.platform import fit_to_data_axis, fit_to_model, resolve
 from runtime.settings import load_settings
 
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,

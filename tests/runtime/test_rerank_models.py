@@ -15,10 +15,10 @@ import scipy.special
 from handler.core import ScoringCore
 from runtime.interface import ScoreResult
 from handler.http import HttpRequest, PendingScore
-from runtime.config import load_config
-from runtime.engine import Engine
-from runtime.loader import load_tokenizer
-from runtime.rerankers import build_rerankers
+from runtime.model.config import load_config
+from runtime.serving.engine import Engine
+from runtime.model.loader import load_tokenizer
+from runtime.tasks.rerankers import build_rerankers
 from runtime.settings import load_settings
 from tests.runtime.conftest import scorer_for, small_plan, tiny_checkpoint
 

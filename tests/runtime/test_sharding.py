@@ -1,4 +1,4 @@
-"""Sharding across devices (runtime.sharding): 4x1, 1x4 and 2x2 meshes of 4 fake CPU devices score as one
+"""Sharding across devices (runtime.serving.sharding): 4x1, 1x4 and 2x2 meshes of 4 fake CPU devices score as one
 device does, for the embedded model and tiny random Llama/Qwen3; impossible layouts stop the start clearly."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from runtime.buckets import BucketPlan
-from runtime.config import load_config
-from runtime.sharding import MeshError, build_layout, check_batches, param_spec, parse_mesh, sharded_parts
+from runtime.serving.buckets import BucketPlan
+from runtime.model.config import load_config
+from runtime.serving.sharding import MeshError, build_layout, check_batches, param_spec, parse_mesh, sharded_parts
 from tests.conftest import REPO
 from tests.runtime.conftest import random_sequences, small_plan, tiny_checkpoint
 
@@ -200,7 +200,7 @@ def test_batch_buckets_not_divisible_by_the_data_axis_are_a_start_up_error(smoll
 def test_engine_start_fails_clearly_on_a_mesh_larger_than_the_host(cache_dir, tmp_path):
     import jax
 
-    from runtime.engine import Engine
+    from runtime.serving.engine import Engine
     from runtime.settings import load_settings
 
     too_many = f"{jax.local_device_count() + 1}x1"
@@ -214,8 +214,8 @@ def test_the_tpu_overlay_mesh_and_buckets_fit_the_embedded_model(smollm):
     """infra/k8s/overlays/tpu runs the embedded model on a 2x2 slice (4 chips) with its SCOREFN_* env."""
     import yaml
 
-    from runtime.engine import bucket_plan
-    from runtime.platform import fit_to_data_axis, resolve
+    from runtime.serving.engine import bucket_plan
+    from runtime.serving.platform import fit_to_data_axis, resolve
     from runtime.settings import load_settings
 
     deployment = yaml.safe_load((REPO / "infra/k8s/overlays/tpu/deployment-tpu.yaml").read_text())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime import model as model_module
+from runtime.model import transformer as model_module
 from runtime.interface import MAX_TOP_LOGPROBS, Sampling
 from tests.runtime.conftest import random_sequences, scorer_for, small_plan, tiny_checkpoint
 from tests.runtime.test_parity_tiny import CASES

@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-from runtime import executables
-from runtime.engine import Engine
+from runtime.serving import executables
+from runtime.serving.engine import Engine
 from runtime.interface import Sampling
 from runtime.settings import load_settings
 from tests.runtime.conftest import random_sequences

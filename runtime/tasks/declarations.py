@@ -1,4 +1,4 @@
-"""What runtime.classifiers and runtime.rerankers declare alike: TOML files of named [[tables]], a template that
+"""What runtime.tasks.classifiers and runtime.tasks.rerankers declare alike: TOML files of named [[tables]], a template that
 may go through the model's chat template, and verbalizer words that must be one token each.
 
 Every helper raises the caller's error class (ClassifierError, RerankerError) with a message that names the

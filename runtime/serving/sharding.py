@@ -25,8 +25,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from runtime.buckets import BucketPlan
-from runtime.config import ModelConfig
+from runtime.serving.buckets import BucketPlan
+from runtime.model.config import ModelConfig
 
 log = logging.getLogger("scorefn.runtime")
 
@@ -120,7 +120,7 @@ def check_batches(plan: BucketPlan, data: int, mesh_text: str) -> None:
 # ---- how each entry point's arguments and results are laid out -------------------------------------------
 
 # "batch": rows split over the data axis; "kv": shared-prefix keys/values [Layers, C, K, E], split by KV
-# heads when those are; "rep": replicated. A new entry point of runtime.model needs a row here.
+# heads when those are; "rep": replicated. A new entry point of runtime.model.transformer needs a row here.
 ENTRY_POINTS: dict[str, tuple[tuple[str, ...], Any]] = {
     "hidden": (("batch", "batch"), "batch"),
     "prefill_context": (("rep",), ("kv", "kv")),
@@ -171,7 +171,7 @@ class Layout:
     def jit(self, fn: Callable, method: str, state: Any, example_args: Sequence[Any]) -> Any:
         """`jax.jit(fn)` with the shardings of `method`'s arguments and results; `state` already placed."""
         if method not in ENTRY_POINTS:
-            raise MeshError(f"no sharding rule for entry point {method!r}: add it to runtime.sharding.ENTRY_POINTS")
+            raise MeshError(f"no sharding rule for entry point {method!r}: add it to runtime.serving.sharding.ENTRY_POINTS")
         arg_roles, out_roles = ENTRY_POINTS[method]
         if len(arg_roles) != len(example_args):
             raise MeshError(f"{method} takes {len(example_args)} arguments, ENTRY_POINTS lists {len(arg_roles)}")

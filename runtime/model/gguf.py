@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.weights import WeightsError
+from runtime.model.weights import WeightsError
 
 log = logging.getLogger("scorefn.runtime")
 

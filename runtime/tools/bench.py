@@ -1,9 +1,9 @@
 """`scorefn bench`: scorefn against what a user would otherwise write, on this machine, same weights, same run.
 
 Model: the embedded SmolLM2-135M-Instruct on a CPU; on an accelerator (or with --model-config) seeded random
-weights from a config.json, Qwen3-0.6B-shaped by default (runtime/configs/qwen3-0.6b.json). Token IDs are
+weights from a config.json, Qwen3-0.6B-shaped by default (runtime/model/configs/qwen3-0.6b.json). Token IDs are
 generated (seeded), so no tokenizer, GGUF file or model hub is needed: the runtime's dependencies plus PyTorch.
-Baselines (runtime.baselines, on CUDA when PyTorch sees a GPU): transformers scoring full sequences, and
+Baselines (runtime.tools.baselines, on CUDA when PyTorch sees a GPU): transformers scoring full sequences, and
 transformers with the query's KV cache computed once and reused (W2).
 Workloads: W1 (a 15-token query, items of ~8 tokens, 3 labels; 1, 32 and 256 items per request; 1 item is the
 single-item latency), W2 (one long query x many 20-token items, 1 label: 1000x100, and 2000x500 on
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.scorer import common_prefix_length
+from runtime.serving.scorer import common_prefix_length
 from runtime.settings import load_settings
 
-QWEN3_CONFIG = Path(__file__).resolve().parent / "configs" / "qwen3-0.6b.json"
+QWEN3_CONFIG = Path(__file__).resolve().parent.parent / "model" / "configs" / "qwen3-0.6b.json"
 W1_SIZES = (1, 32, 256)
 W1_QUERY, W1_ITEM = 15, 8  # tokens (RFC-000's table: a short classification prompt, short items)
 W2_SIZES = {"w2": (1000, 100, 20), "w2_peer": (2000, 500, 20)}  # query tokens, items, item tokens
@@ -149,7 +149,7 @@ def _engine_counter(url: str, name: str) -> float:
 
 
 def run_w3(seconds: float, clients: int, env: dict[str, str]) -> dict:
-    from runtime.serverproc import ServerProcess
+    from runtime.tools.serverproc import ServerProcess
 
     body = {"query": "Review: the room was clean and close to the station. Sentiment:",
             "items": [" The friendly staff greeted us at the door."], "label_token_ids": [2731, 3524]}
@@ -186,7 +186,7 @@ def run_w4(scorer, baselines: dict, vocab: int, smoke: bool, quick: bool) -> dic
 
 def run_w5(scorer, settings, loaded, baselines: dict, vocab: int, smoke: bool, quick: bool) -> dict:
     """Reranking: pairs that share the template head and the query, scored with and without prefix sharing."""
-    from runtime.engine import build_scorer
+    from runtime.serving.engine import build_scorer
 
     head_tokens, query_tokens, documents, document_tokens, tail_tokens = (27, 16, 4, 16, 8) if smoke else W5_SIZE
     rng = np.random.default_rng(5)
@@ -212,7 +212,7 @@ def compile_times(model_dir: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="scorefn-bench-xla-") as cache:
         runs = {}
         for name in ("cold", "cached"):
-            done = subprocess.run([sys.executable, "-m", "runtime.bench", "--compile-only", str(model_dir)],
+            done = subprocess.run([sys.executable, "-m", "runtime.tools.bench", "--compile-only", str(model_dir)],
                                   env={**os.environ, "SCOREFN_COMPILE_CACHE_DIR": cache}, capture_output=True,
                                   text=True, timeout=1800)
             if done.returncode != 0:
@@ -222,10 +222,10 @@ def compile_times(model_dir: Path) -> dict:
 
 
 def compile_only(model_dir: str) -> int:
-    """`python -m runtime.bench --compile-only DIR`: load, compile every default bucket, print the timings."""
-    from runtime.engine import build_scorer
-    from runtime.executables import cache_events, enable_persistent_cache
-    from runtime.loader import load_model
+    """`python -m runtime.tools.bench --compile-only DIR`: load, compile every default bucket, print the timings."""
+    from runtime.serving.engine import build_scorer
+    from runtime.serving.executables import cache_events, enable_persistent_cache
+    from runtime.model.loader import load_model
 
     settings = load_settings()
     enable_persistent_cache(settings.xla_cache_dir)
@@ -245,9 +245,9 @@ def compile_only(model_dir: str) -> int:
 # ---- main ----------------------------------------------------------------------------------------------------
 
 def main(args: argparse.Namespace) -> int:
-    from runtime import platform as platforms
-    from runtime.engine import build_scorer
-    from runtime.loader import load_model, resolve_model_dir
+    from runtime.serving import platform as platforms
+    from runtime.serving.engine import build_scorer
+    from runtime.model.loader import load_model, resolve_model_dir
 
     # PyTorch's baselines share the GPU: JAX takes memory as it needs it instead of 75% up front.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -261,7 +261,7 @@ def main(args: argparse.Namespace) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="scorefn-bench-")
     config = args.model_config or (str(QWEN3_CONFIG) if accelerator else None)
     if config:
-        from runtime.baselines import random_checkpoint
+        from runtime.tools.baselines import random_checkpoint
         model_dir = random_checkpoint(config, Path(tmp.name))
     else:
         model_dir, _ = resolve_model_dir("", settings.cache_dir)
@@ -278,7 +278,7 @@ def main(args: argparse.Namespace) -> int:
 
     baselines = {}
     if not args.skip_torch:
-        from runtime.baselines import TorchScorer
+        from runtime.tools.baselines import TorchScorer
         # On a CPU without bfloat16 instructions PyTorch's bfloat16 runs ~5x slower than float32: not what a user
         # would run there, so only float32.
         dtypes = ("bfloat16",) if accelerator else ("bfloat16", "float32") if cpu_has_bf16() else ("float32",)
@@ -406,4 +406,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--compile-only":
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
         sys.exit(compile_only(sys.argv[2]))
-    sys.exit("usage: python -m runtime.bench --compile-only MODEL_DIR (the benchmark itself: scorefn bench)")
+    sys.exit("usage: python -m runtime.tools.bench --compile-only MODEL_DIR (the benchmark itself: scorefn bench)")

@@ -18,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from runtime.config import ModelConfig
-from runtime.model import Kernels
+from runtime.model.config import ModelConfig
+from runtime.model.transformer import Kernels
 from runtime.settings import Settings
 
 log = logging.getLogger("scorefn.runtime")
@@ -88,7 +88,7 @@ def resolve(settings: Settings, backend: str | None = None) -> Platform:
 
 def fit_to_data_axis(platform: Platform, settings: Settings, data: int) -> Platform:
     """Auto batch buckets rounded up to multiples of the mesh's data axis, which splits every device batch;
-    explicit ones stay as set (runtime.sharding.check_batches names any that do not split)."""
+    explicit ones stay as set (runtime.serving.sharding.check_batches names any that do not split)."""
     def fit(explicit: tuple[int, ...] | None, auto: tuple[int, ...]) -> tuple[int, ...]:
         return explicit or tuple(sorted({-(-b // data) * data for b in auto}))
     if data == 1:
@@ -131,7 +131,7 @@ def cudnn_probe(cfg: ModelConfig, dtype: str) -> str | None:
     import jax
     import numpy as np
 
-    from runtime import attention
+    from runtime.model import attention
 
     rng = np.random.default_rng(0)
     B, T, C, N, K, E = 2, 8, 16, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from runtime.config import ModelConfig, ModelConfigError
+from runtime.model.config import ModelConfig, ModelConfigError
 
 
 class WeightsError(ValueError):
@@ -22,7 +22,7 @@ class WeightsError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    name: str  # name in runtime.model.Llama's `arrays`
+    name: str  # name in runtime.model.transformer.Llama's `arrays`
     layer: int | None  # index along the stacked layer axis, None for unstacked tensors
     hf_shape: tuple[int, ...]  # shape as stored in the checkpoint
     transpose: bool  # torch Linear [out, in] -> [in, out]

@@ -31,9 +31,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _one_shot_scorer(settings):
     """A scorer that compiles only the buckets a single CLI run touches."""
-    from runtime.engine import build_scorer
-    from runtime.executables import enable_persistent_cache
-    from runtime.loader import load_model, load_tokenizer
+    from runtime.serving.engine import build_scorer
+    from runtime.serving.executables import enable_persistent_cache
+    from runtime.model.loader import load_model, load_tokenizer
 
     enable_persistent_cache(settings.xla_cache_dir)
     loaded = load_model(settings.model, settings.cache_dir, settings.model_id)
@@ -68,7 +68,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def cmd_warmup(args: argparse.Namespace) -> int:
     """Compile every bucket into the persistent cache (a container build step) and report timings."""
-    from runtime.engine import Engine
+    from runtime.serving.engine import Engine
 
     started = time.perf_counter()
     engine = Engine(load_settings())
@@ -81,7 +81,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     """Convert the configured (default: embedded) model into the cache directory once."""
-    from runtime.loader import resolve_model_dir
+    from runtime.model.loader import resolve_model_dir
 
     settings = load_settings()
     model_dir, model_id = resolve_model_dir(settings.model, settings.cache_dir)
@@ -96,13 +96,13 @@ def cmd_settings(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from runtime.bench import main as bench_main
+    from runtime.tools.bench import main as bench_main
 
     return bench_main(args)
 
 
 def cmd_coldstart(args: argparse.Namespace) -> int:
-    from runtime.coldstart import main as coldstart_main
+    from runtime.tools.coldstart import main as coldstart_main
 
     return coldstart_main(args)
 
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fewer repeats (about 30 minutes on a 2-core CPU, a few on a GPU)")
     bench.add_argument("--smoke", action="store_true", help="every workload at minimal size (the test suite's run)")
     bench.add_argument("--model-config", help="config.json of a model to benchmark with random weights "
-                       "(default on GPU/TPU: runtime/configs/qwen3-0.6b.json; on CPU: the embedded model)")
+                       "(default on GPU/TPU: runtime/model/configs/qwen3-0.6b.json; on CPU: the embedded model)")
     bench.add_argument("--peer", action="store_true", help="also W2 at peer scale (2000x500x20; always on GPU/TPU)")
     bench.add_argument("--compile-times", action="store_true",
                        help="also time the default bucket set's warm-up, cold and from the persistent cache")

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from runtime import declarations
+from runtime.tasks import declarations
 
 log = logging.getLogger("scorefn.runtime")
 

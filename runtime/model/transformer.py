@@ -1,9 +1,9 @@
 """The Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) as one Flax NNX module, prefill only.
 
-Layers are stacked along a leading axis and run with `lax.scan` (or unrolled where runtime.platform measured
+Layers are stacked along a leading axis and run with `lax.scan` (or unrolled where runtime.serving.platform measured
 that it pays): one compiled layer body whatever the depth, so every shape bucket compiles quickly.
 Weight matmuls take `dtype` inputs (float32 or bfloat16) and accumulate in float32. Attention runs in
-`Kernels.attention_dtype` through runtime.attention (float32 on CPU: bfloat16 attention moved the embedded
+`Kernels.attention_dtype` through runtime.model.attention (float32 on CPU: bfloat16 attention moved the embedded
 model's log-probs by up to 0.06 there; bfloat16 on accelerators, where cuDNN needs it). Norms, softmax,
 log-softmax, the residual stream and the embedding/vocabulary head stay in float32.
 
@@ -20,15 +20,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from runtime import attention
-from runtime.config import ModelConfig
+from runtime.model import attention
+from runtime.model.config import ModelConfig
 
 F32 = jnp.float32
 
 
 @dataclasses.dataclass(frozen=True)
 class Kernels:
-    """How the layers run; runtime.platform picks these per platform from measurements."""
+    """How the layers run; runtime.serving.platform picks these per platform from measurements."""
     unroll: bool = False  # unroll the layer loop instead of lax.scan
     attention: str = "xla"  # implementation of jax.nn.dot_product_attention: xla | cudnn
     attention_dtype: str = "float32"  # queries, keys and values of attention (and the shared-prefix KV)
@@ -72,7 +72,7 @@ def _positions_per_chunk(batch: int, length: int, vocab: int) -> int:
 
 
 class Llama(nnx.Module):
-    """Weights are given as a dict of NumPy arrays in this module's layout (see runtime.weights)."""
+    """Weights are given as a dict of NumPy arrays in this module's layout (see runtime.model.weights)."""
 
     def __init__(self, cfg: ModelConfig, arrays: dict[str, np.ndarray], dtype: str = "float32",
                  kernels: Kernels | None = None, max_length: int | None = None):
@@ -153,7 +153,7 @@ class Llama(nnx.Module):
         last = jnp.take_along_axis(h, last_index[:, None, None], axis=1)[:, 0]  # [B, D]
         return rms_norm(last, self.final_norm[...], self.cfg.rms_norm_eps)
 
-    # ---- entry points (each jitted per shape bucket by runtime.executables) --------------------------
+    # ---- entry points (each jitted per shape bucket by runtime.serving.executables) --------------------------
 
     def hidden(self, tokens: jax.Array, last_index: jax.Array) -> jax.Array:
         """tokens [B, T] right-padded, last_index [B] -> final-normed hidden state there [B, D] float32."""

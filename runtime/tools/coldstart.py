@@ -2,7 +2,7 @@
 
 Runs the production configuration (default buckets unless SCOREFN_* says otherwise) twice against one
 fresh compilation cache directory: the first start compiles every bucket, the second loads them from the
-executable store (runtime.executables) without tracing.
+executable store (runtime.serving.executables) without tracing.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _timings(server) -> dict:
 
 
 def _start(env: dict[str, str]) -> dict:
-    from runtime.serverproc import ServerProcess, request_json
+    from runtime.tools.serverproc import ServerProcess, request_json
 
     started = time.perf_counter()
     server = ServerProcess(env=env)

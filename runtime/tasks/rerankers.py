@@ -26,7 +26,7 @@ import dataclasses
 import logging
 from typing import Any, Callable
 
-from runtime import declarations
+from runtime.tasks import declarations
 
 log = logging.getLogger("scorefn.runtime")
 

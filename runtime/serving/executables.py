@@ -118,9 +118,12 @@ class ExecutableStore:
 
 
 def _source_digest() -> str:
+    """The sources that shape a compiled program: the model (runtime/model) and how it is compiled and placed
+    (runtime/serving). Tasks, tools and the handler do not change an executable."""
+    runtime = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).resolve().parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted([*(runtime / "model").glob("*.py"), *(runtime / "serving").glob("*.py")]):
+        digest.update(str(path.relative_to(runtime)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
@@ -152,7 +155,7 @@ class Executables:
         self.graphdef, self.state = nnx.split(model)
         self.matmul_precision = model.kernels.matmul_precision
         self.lazy = lazy  # compile a missing bucket on first use: for one-shot CLI runs, never for serving
-        self.shardings = shardings  # runtime.sharding.Layout or None (single device: no sharding at all)
+        self.shardings = shardings  # runtime.serving.sharding.Layout or None (single device: no sharding at all)
         if shardings is not None:
             self.state = shardings.put_state(self.state)  # every parameter placed with its sharding, once
         self.store = store

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.config import ModelConfig, ModelConfigError, load_config
-from runtime.gguf_convert import EMBEDDED_ID, embedded_gguf, prepared_gguf_dir
-from runtime.weights import load_arrays
+from runtime.model.config import ModelConfig, ModelConfigError, load_config
+from runtime.model.gguf import EMBEDDED_ID, embedded_gguf, prepared_gguf_dir
+from runtime.model.weights import load_arrays
 
 log = logging.getLogger("scorefn.runtime")
 

@@ -23,10 +23,10 @@ from typing import Callable, Iterator, Sequence
 import jax
 import numpy as np
 
-from runtime.buckets import BucketPlan, Chunk, SequenceTooLong, fit
-from runtime.executables import Executables, ExecutableStore, spec
+from runtime.serving.buckets import BucketPlan, Chunk, SequenceTooLong, fit
+from runtime.serving.executables import Executables, ExecutableStore, spec
 from runtime.interface import Sampling, TokenLogprobs
-from runtime.model import Llama
+from runtime.model.transformer import Llama
 
 log = logging.getLogger("scorefn.runtime")
 

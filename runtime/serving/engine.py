@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from runtime.interface import DeadlineExceeded, EngineFault, QueueFull, ScoreResult, TokenLogprobsResult
-from runtime.buckets import BucketPlan, label_buckets
-from runtime.classifiers import Classifier, build_classifiers
-from runtime.loader import default_model_id
-from runtime.rerankers import Reranker, build_rerankers
+from runtime.serving.buckets import BucketPlan, label_buckets
+from runtime.tasks.classifiers import Classifier, build_classifiers
+from runtime.model.loader import default_model_id
+from runtime.tasks.rerankers import Reranker, build_rerankers
 from runtime.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from runtime.platform import Platform
-    from runtime.scorer import Job, TokenJob
+    from runtime.serving.platform import Platform
+    from runtime.serving.scorer import Job, TokenJob
 
 log = logging.getLogger("scorefn.runtime")
 
@@ -35,7 +35,7 @@ _STOP = object()
 
 @dataclasses.dataclass
 class _Request:
-    job: "Job | TokenJob"  # runtime.scorer's
+    job: "Job | TokenJob"  # runtime.serving.scorer's
     deadline: float | None
     submitted: float
     future: concurrent.futures.Future
@@ -56,15 +56,15 @@ def bucket_plan(settings: Settings, platform: "Platform") -> BucketPlan:
 
 
 def build_scorer(settings: Settings, loaded, *, lazy: bool = False):
-    """The scorer of a loaded model on this platform: dtype, kernels and buckets from runtime.platform, the
+    """The scorer of a loaded model on this platform: dtype, kernels and buckets from runtime.serving.platform, the
     device mesh from SCOREFN_MESH. `lazy`: compile buckets on first use (one-shot CLI runs, never serving)."""
     import jax
 
-    from runtime import platform as platforms
-    from runtime.executables import Executables, ExecutableStore
-    from runtime.model import Llama
-    from runtime.scorer import Scorer
-    from runtime.sharding import build_layout, parse_mesh
+    from runtime.serving import platform as platforms
+    from runtime.serving.executables import Executables, ExecutableStore
+    from runtime.model.transformer import Llama
+    from runtime.serving.scorer import Scorer
+    from runtime.serving.sharding import build_layout, parse_mesh
 
     platform = platforms.resolve(settings)
     data_axis, _ = parse_mesh(settings.mesh, len(jax.local_devices()))
@@ -122,8 +122,8 @@ class Engine:
 
         started = time.perf_counter()
         boot_seconds = time.monotonic() - PROCESS_STARTED  # interpreter, server and app imports
-        from runtime import executables  # JAX, Flax, transformers: the heavy imports
-        from runtime.loader import load_model, load_tokenizer
+        from runtime.serving import executables  # JAX, Flax, transformers: the heavy imports
+        from runtime.model.loader import load_model, load_tokenizer
 
         executables.enable_persistent_cache(self.settings.xla_cache_dir)
         import_seconds = time.perf_counter() - started
@@ -205,13 +205,13 @@ class Engine:
 
     def submit(self, sequences, label_ids, deadline: float | None = None,
                request_id: str | None = None) -> concurrent.futures.Future:
-        from runtime.scorer import Job
+        from runtime.serving.scorer import Job
 
         return self._enqueue(Job(sequences, label_ids), deadline, request_id)
 
     def submit_logprobs(self, sequences, sampling, deadline: float | None = None,
                         request_id: str | None = None) -> concurrent.futures.Future:
-        from runtime.scorer import TokenJob
+        from runtime.serving.scorer import TokenJob
 
         if self.task != "causal_lm":
             raise ValueError(f"{self.model_id} is a {self.task} model: it has no per-token log-probabilities")
@@ -235,7 +235,7 @@ class Engine:
         return self.submit(sequences, label_ids).result().logprobs
 
     def stats(self) -> dict[str, float]:
-        from runtime import executables
+        from runtime.serving import executables
 
         scorer = self.scorer
         return {"compiles": scorer.exe.compiles if scorer else 0,
@@ -269,7 +269,7 @@ class Engine:
     def _device_loop(self) -> None:
         """Plans and dispatches rounds; a fetcher thread waits for each one's results and answers its requests.
 
-        At most `rounds_in_flight` (runtime.platform) are dispatched and not yet fetched: with two, the next round
+        At most `rounds_in_flight` (runtime.serving.platform) are dispatched and not yet fetched: with two, the next round
         is planned, padded and dispatched while the device still runs the one before, so the device never waits
         for the host; when every slot is taken, requests keep queueing and form a larger next round."""
         fetch: queue.Queue = queue.Queue()
