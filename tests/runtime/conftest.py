@@ -34,7 +34,28 @@ def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None 
 
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2)
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, initializer_range=0.2)
+# family -> (config class, model class), as transformers names them
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "granite": ("GraniteConfig", "GraniteForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+    "llama_cls": ("LlamaConfig", "LlamaForSequenceClassification"),
+    "qwen2_cls": ("Qwen2Config", "Qwen2ForSequenceClassification"),
+    "qwen3_cls": ("Qwen3Config", "Qwen3ForSequenceClassification"),
+    "gemma_cls": ("GemmaConfig", "GemmaForSequenceClassification"),
+    "gemma2_cls": ("Gemma2Config", "Gemma2ForSequenceClassification"),
+    "gemma3_cls": ("Gemma3TextConfig", "Gemma3TextForSequenceClassification"),
+    "phi3_cls": ("Phi3Config", "Phi3ForSequenceClassification"),
+}
 
 
 def tiny_checkpoint(family: str, out_dir: Path, **overrides):
@@ -43,15 +64,7 @@ def tiny_checkpoint(family: str, out_dir: Path, **overrides):
     import transformers
 
     torch.manual_seed(0)
-    config_cls, model_cls = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-        "llama_cls": (transformers.LlamaConfig, transformers.LlamaForSequenceClassification),
-        "qwen2_cls": (transformers.Qwen2Config, transformers.Qwen2ForSequenceClassification),
-        "qwen3_cls": (transformers.Qwen3Config, transformers.Qwen3ForSequenceClassification),
-    }[family]
+    config_cls, model_cls = (getattr(transformers, name) for name in FAMILIES[family])
     config = config_cls(**{**TINY, **overrides})
     config._attn_implementation = "eager"
     model = model_cls(config).eval()
