@@ -100,8 +100,9 @@ def fit_to_data_axis(platform: Platform, settings: Settings, data: int) -> Platf
 
 
 def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool) -> Platform:
-    """cuDNN attention only where it runs this model: bfloat16, a supported head size, no sliding window that
-    masks within the served lengths, and a start-up probe that agrees with XLA. `explicit`: SCOREFN_ATTENTION
+    """cuDNN attention only where it runs this model: bfloat16, a supported head size, no soft-capped attention
+    scores (Gemma 2), no sliding window that masks within the served lengths, and a start-up probe that agrees
+    with XLA. `explicit`: SCOREFN_ATTENTION
     asked for cudnn, so a model it cannot run is an error rather than a fallback."""
     kernels = platform.kernels
     if kernels.attention != "cudnn":
@@ -112,6 +113,9 @@ def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit
     elif cfg.head_dim % 8 or cfg.head_dim > CUDNN_MAX_HEAD_DIM:
         problem = f"cuDNN attention runs head sizes that are multiples of 8 up to {CUDNN_MAX_HEAD_DIM}, " \
                   f"this model's is {cfg.head_dim}"
+    elif cfg.attention_softcap is not None:
+        problem = (f"{cfg.architecture} soft-caps its attention scores (tanh, cap {cfg.attention_softcap:g}), which "
+                   f"cuDNN attention cannot compute; XLA runs its attention")
     elif cfg.sliding_window is not None and cfg.sliding_window < max_length:
         problem = f"a sliding window of {cfg.sliding_window} tokens needs masks that cuDNN attention does not take"
     else:

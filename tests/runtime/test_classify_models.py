@@ -53,9 +53,17 @@ def engine_settings(tmp_path, cache_dir, **overrides):
 
 # ---- kind 1: *ForSequenceClassification --------------------------------------------------------------
 
-@pytest.mark.parametrize("family", ["llama_cls", "qwen2_cls", "qwen3_cls"])
+HEADS = {  # family -> config overrides (Gemma 2/3: a sliding layer of window 6 and a global one; soft-caps)
+    "llama_cls": {}, "qwen2_cls": {}, "qwen3_cls": {}, "gemma_cls": {},
+    "gemma2_cls": {"sliding_window": 6, "attn_logit_softcapping": 2.0},
+    "gemma3_cls": {"sliding_window": 6, "layer_types": ["sliding_attention", "full_attention"]},
+    "phi3_cls": {"partial_rotary_factor": 0.75},
+}
+
+
+@pytest.mark.parametrize("family", sorted(HEADS))
 def test_classification_head_matches_transformers(family, tmp_path):
-    model = tiny_checkpoint(family, tmp_path, num_labels=3, pad_token_id=0)
+    model = tiny_checkpoint(family, tmp_path, num_labels=3, pad_token_id=0, **HEADS[family])
     rng = np.random.default_rng(1)
     # Lengths 1..30 in one padded batch; ids >= 1 (0 is the pad token transformers looks for).
     sequences = [[1 + t for t in seq] for seq in random_sequences(rng, 6, 1, 30, 127)]
