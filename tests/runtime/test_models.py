@@ -46,8 +46,8 @@ def test_unknown_architecture_is_named():
 
 def test_unsupported_rope_type_is_named(checkpoint):
     raw = json.loads((checkpoint / "config.json").read_text())
-    raw["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
-    with pytest.raises(ModelConfigError, match="rope type 'yarn' is not supported"):
+    raw["rope_parameters"] = {"rope_type": "proportional", "factor": 4.0, "rope_theta": 10000.0}
+    with pytest.raises(ModelConfigError, match="rope type 'proportional' is not supported"):
         config_from_hf(raw)
 
 
