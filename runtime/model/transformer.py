@@ -117,8 +117,8 @@ class Llama(nnx.Module):
         sliding = np.asarray(cfg.layer_is_sliding())
         if self.window is not None and not sliding.all():
             data["window"] = jnp.asarray(np.where(sliding, self.window, NO_WINDOW), jnp.int32)  # [Layers]
-        if self.local_inv_freq is not None:
-            data["local_rope"] = jnp.asarray(sliding)  # [Layers]
+        if self.local_inv_freq is not None:  # by layer type, whether or not a window masks anything
+            data["local_rope"] = jnp.asarray(np.asarray(cfg.sliding_layers or (True,) * cfg.num_layers))  # [Layers]
         return data
 
     # ---- one decoder layer (the scan body) -------------------------------------------------------
