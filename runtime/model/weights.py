@@ -117,6 +117,20 @@ def weight_map(cfg: ModelConfig) -> dict[str, Target]:
     return targets
 
 
+def array_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every array's shape in the model's layout, from the config alone (compiling needs no weights): fused
+    tensors as their parts, experts stacked after layers."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for target in weight_map(cfg).values():
+        out, *rest = target.hf_shape
+        for name, rows in target.split or ((target.name, out),):
+            shape = tuple(reversed((rows, *rest))) if target.transpose else (rows, *rest)
+            lead = () if target.layer is None else (cfg.num_layers,) if target.expert is None else \
+                (cfg.num_layers, cfg.num_experts)
+            shapes[name] = (*lead, *shape)
+    return shapes
+
+
 def _is_expected_extra(name: str, cfg: ModelConfig) -> bool:
     # Tied checkpoints sometimes store the (identical) lm_head too.
     return bool(IGNORED.search(name)) or (name == "lm_head.weight" and cfg.tie_word_embeddings)

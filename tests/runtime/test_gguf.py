@@ -108,3 +108,4 @@ def test_gguf_converts_into_the_same_model(arch, tmp_path):
     assert arrays.keys() == expected.keys()
     for name in expected:  # Gemma norms went through (w + 1) - 1 in float32
         np.testing.assert_allclose(arrays[name], expected[name], atol=1e-6, rtol=0, err_msg=name)
+
