@@ -124,4 +124,4 @@ def test_make_serve_runs_the_image_entrypoint() -> None:
     assert "$(VENV)/bin/scorefn serve" in serve_recipe
     from runtime.tools import serverproc
 
-    assert '"scorefn"' in (REPO / "runtime" / "serverproc.py").read_text() and serverproc.ServerProcess
+    assert '"scorefn"' in (REPO / "runtime" / "tools" / "serverproc.py").read_text() and serverproc.ServerProcess
