@@ -202,12 +202,26 @@ def read_gguf_weights(model_dir: Path) -> Iterator[tuple[str, np.ndarray]]:
             yield done_name, future.result()
 
 
+def _head_digest(gguf_path: Path) -> str:
+    """A digest of the file's first 4 MiB: its metadata and tensor table (where each tensor lies) and more."""
+    with gguf_path.open("rb") as handle:
+        return hashlib.sha256(handle.read(4 << 20)).hexdigest()[:12]
+
+
 def prepared_gguf_dir(gguf_path: Path, cache_dir: str | Path) -> Path:
-    """The prepared directory for a GGUF file (one per file path and size), preparing it on first use."""
+    """The prepared directory for a GGUF file, preparing it on first use. Copies of one file (the embedded model in
+    .venv and in .venv-serve) share it; its table points at the copy used last."""
     stat = gguf_path.stat()
-    where = hashlib.sha256(str(gguf_path.resolve()).encode()).hexdigest()[:8]  # it points into that file
-    out_dir = Path(cache_dir) / "models" / f"{gguf_path.stem}-{stat.st_size:x}-{where}"
-    if not (out_dir / GGUF_WEIGHTS).is_file():
+    out_dir = Path(cache_dir) / "models" / f"{gguf_path.stem}-{stat.st_size:x}-{_head_digest(gguf_path)}"
+    table = out_dir / GGUF_WEIGHTS
+    if not table.is_file():
         log.info("preparing %s into %s (once)", gguf_path, out_dir)
         convert_gguf(gguf_path, out_dir)
+        return out_dir
+    weights = json.loads(table.read_text())
+    if weights["gguf"] != str(gguf_path.resolve()):
+        weights["gguf"] = str(gguf_path.resolve())
+        partial = table.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(weights, indent=1))
+        partial.replace(table)  # atomic: a concurrent reader sees the old or the new table, both valid files
     return out_dir
