@@ -77,7 +77,8 @@ if ! podman image exists "$LOCAL_BASE"; then
         --dpkgopt='path-exclude=/usr/share/info/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
         --customize-hook='upload /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt' \
         --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
-        bookworm "$tarball" >&2 || fail "mmdebstrap could not make a base image"
+        bookworm "$tarball" >"$CONTAINER_DIR/mmdebstrap.log" 2>&1 \
+        || { tail -20 "$CONTAINER_DIR/mmdebstrap.log" >&2; fail "mmdebstrap could not make a base image"; }
     podman import --quiet --change 'CMD ["python3"]' "$tarball" "$LOCAL_BASE" >/dev/null
     rm -f "$tarball"
 fi
