@@ -6,7 +6,7 @@ SERVE_VENV ?= .venv-serve
 PY := $(VENV)/bin/python
 PORT ?= 8080
 export PORT
-# The converted embedded model and the XLA compilation cache (reused by later runs).
+# The prepared embedded model and the XLA compilation cache (reused by later runs).
 SCOREFN_CACHE_DIR ?= $(CURDIR)/.cache/scorefn
 export SCOREFN_CACHE_DIR
 # Every environment installs from lock/ (hashes, `make lock` regenerates it) with uv, which pip bootstraps here.
