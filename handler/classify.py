@@ -18,10 +18,10 @@ import uuid
 
 import msgspec
 import numpy as np
-import scipy.special
 
 from handler import schemas
 from runtime.interface import ScoreResult, ScoringEngine
+from runtime.probability import sigmoid, softmax
 from handler.errors import ApiError
 from handler.http import Scoring, submit_labels
 from handler.validation import _INVALID, _decode, _given, check_sequence, decode_inputs, optional, select_named
@@ -87,8 +87,8 @@ def activate(values: np.ndarray, activation: str) -> np.ndarray:
     """Scores to probabilities, per row, in float64 on the host."""
     values = values.astype(np.float64)
     if activation == "sigmoid":
-        return scipy.special.expit(values)
-    return scipy.special.softmax(values, axis=1)
+        return sigmoid(values)
+    return softmax(values, axis=1)
 
 
 def model_cards(engine: ScoringEngine, created: int) -> list[schemas.ModelCard]:

@@ -18,10 +18,10 @@ from typing import Any
 
 import msgspec
 import numpy as np
-import scipy.special
 
 from handler import schemas
 from runtime.interface import ScoreResult, ScoringEngine
+from runtime.probability import sigmoid
 from handler.errors import ApiError
 from handler.http import Scoring, submit_labels
 from handler.validation import _INVALID, _decode, _given, check_sequence, optional, select_named
@@ -73,7 +73,7 @@ def relevance(values: np.ndarray, reranker: Reranker) -> np.ndarray:
     or sigmoid(logit) of a one-label head."""
     values = values.astype(np.float64)
     margin = values[:, 0] - values[:, 1] if reranker.is_verbalizer else values[:, 0]
-    return scipy.special.expit(margin)
+    return sigmoid(margin)
 
 
 def rerank_response(job: RerankJob, result: ScoreResult, engine: ScoringEngine) -> schemas.RerankResponse:

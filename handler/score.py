@@ -14,7 +14,6 @@ import uuid
 
 import msgspec
 import numpy as np
-import scipy.special
 
 from handler import schemas
 from handler.errors import ApiError
@@ -22,6 +21,7 @@ from handler.http import Scoring, submit_labels
 from handler.validation import (_INVALID, _check_token_range, _decode, _fits_int64, _given, check_sequence, optional,
                                 require_language_model, served_model)
 from runtime.interface import ScoreResult, ScoringEngine
+from runtime.probability import softmax
 from runtime.settings import Settings
 
 _TEXT_OR_TOKENS = msgspec.json.Decoder(str | list[int])
@@ -73,7 +73,7 @@ def score_response(job: ScoreJob, result: ScoreResult, engine: ScoringEngine) ->
     if logprobs.shape != expected:
         raise ValueError(f"engine returned logprobs of shape {logprobs.shape}, expected {expected}")
     # softmax over the requested labels only, per item, in float64 on the host (RFC-000, ADR-001)
-    scores = scipy.special.softmax(logprobs.astype(np.float64), axis=1) if job.apply_softmax else logprobs
+    scores = softmax(logprobs, axis=1) if job.apply_softmax else logprobs
     return schemas.ScoreResponse(
         id=f"score-{uuid.uuid4().hex}", created=int(time.time()), model=job.model, scores=scores.tolist(),
         usage=schemas.Usage(prompt_tokens=job.n_tokens, total_tokens=job.n_tokens))

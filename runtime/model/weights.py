@@ -216,7 +216,11 @@ def read_safetensors(model_dir: Path, cfg: ModelConfig) -> Iterator[tuple[str, n
 
 
 def load_arrays(model_dir: str | Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    from runtime.model.gguf import GGUF_WEIGHTS, read_gguf_weights  # gguf imports this module's WeightsError
+
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelConfigError(f"{model_dir}: not a directory")
+    if (model_dir / GGUF_WEIGHTS).is_file():  # a directory prepared from a GGUF file (runtime.model.gguf)
+        return assemble(cfg, read_gguf_weights(model_dir))
     return assemble(cfg, read_safetensors(model_dir, cfg))

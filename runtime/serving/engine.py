@@ -123,14 +123,19 @@ class Engine:
         started = time.perf_counter()
         boot_seconds = time.monotonic() - PROCESS_STARTED  # interpreter, server and app imports
         from runtime.serving import executables  # JAX, Flax, transformers: the heavy imports
-        from runtime.model.loader import load_model, load_tokenizer
+        from runtime.model.loader import load_model, load_tokenizer, resolve_model_dir
 
         executables.enable_persistent_cache(self.settings.xla_cache_dir)
         import_seconds = time.perf_counter() - started
-        loaded = load_model(self.settings.model, self.settings.cache_dir, self.settings.model_id)
+        # The tokenizer (mostly importing transformers: Python, holding the GIL) loads beside the weights (mostly
+        # NumPy dequantizing or copying them, which releases it).
+        model_dir, _ = resolve_model_dir(self.settings.model, self.settings.cache_dir)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            tokenizer = pool.submit(load_tokenizer, model_dir)
+            loaded = load_model(self.settings.model, self.settings.cache_dir, self.settings.model_id)
+            self.tokenizer = tokenizer.result()
         self.config, self.model_id = loaded.cfg, loaded.model_id
         self.vocab_size = loaded.cfg.logit_dim if loaded.cfg.task == "causal_lm" else loaded.cfg.vocab_size
-        self.tokenizer = load_tokenizer(loaded.model_dir)
         self.task = loaded.cfg.task
         # Verbalizers are checked against the tokenizer before compiling: a bad declaration fails the start fast.
         self.classifiers = build_classifiers(self.settings.classifiers, loaded.cfg, self.model_id, self.tokenizer,

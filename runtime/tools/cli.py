@@ -60,7 +60,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     sequences = [tokenizer.encode(text) for text in texts]
     logprobs = scorer.score(sequences, labels).astype(float)
     if args.apply_softmax:
-        from scipy.special import softmax
+        from runtime.probability import softmax
         logprobs = softmax(logprobs, axis=1)
     print(json.dumps({"scores": logprobs.tolist(), "label_token_ids": labels}))
     return 0
