@@ -32,14 +32,25 @@ EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_ID = "SmolLM2-135M-Instruct"
 GGUF_WEIGHTS = "gguf-weights.json"  # in a prepared directory: the GGUF file and where each tensor lies in it
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+                 "phi3": "Phi3ForCausalLM"}
+GEMMA = ("gemma", "gemma2", "gemma3")
 TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# The `gguf` package's tensor names (gguf.constants.TENSOR_NAMES) -> Hugging Face's, per layer.
 PER_LAYER = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+PER_LAYER_BY_ARCH = {  # where an architecture names a tensor differently
+    "gemma2": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},  # fused, split at load
+}
+PER_LAYER_BY_ARCH["gemma3"] = PER_LAYER_BY_ARCH["gemma2"]
+ROPE_FACTORS = {"rope_factors_long.weight": "long_factor", "rope_factors_short.weight": "short_factor"}  # Phi-3
 BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
@@ -54,15 +65,16 @@ def embedded_gguf() -> Path:
     return path
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
     if gguf_name.rsplit(".", 1)[0] in TOP_LEVEL:
         stem, kind = gguf_name.rsplit(".", 1)
         return f"{TOP_LEVEL[stem]}.{kind}"
+    names = {**PER_LAYER, **PER_LAYER_BY_ARCH.get(arch, {})}
     match = BLOCK.match(gguf_name)
-    if not match or match.group(2) not in PER_LAYER:
+    if not match or match.group(2) not in names:
         raise WeightsError(f"GGUF tensor {gguf_name} has no Hugging Face counterpart")
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{PER_LAYER[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def unpermute(weights: np.ndarray, heads: int) -> np.ndarray:
@@ -71,26 +83,56 @@ def unpermute(weights: np.ndarray, heads: int) -> np.ndarray:
     return weights.reshape(heads, half, 2, *weights.shape[1:]).swapaxes(2, 1).reshape(weights.shape)
 
 
-def _config(reader, arch: str, tensor_names: set[str]) -> dict:
+def _config(reader, arch: str, tensor_names: set[str], rope_factors: dict[str, list[float]]) -> dict:
     def field(key: str, default=None):
         item = reader.fields.get(f"{arch}.{key}")
         return default if item is None else item.contents()
 
     heads = int(field("attention.head_count"))
     hidden = int(field("embedding_length"))
+    head_dim = int(field("attention.key_length", hidden // heads))
+    layers = int(field("block_count"))
     config = {
         "architectures": [ARCHITECTURES[arch]], "model_type": arch,
         "vocab_size": len(reader.fields["tokenizer.ggml.tokens"].data),
         "hidden_size": hidden, "intermediate_size": int(field("feed_forward_length")),
-        "num_hidden_layers": int(field("block_count")), "num_attention_heads": heads,
+        "num_hidden_layers": layers, "num_attention_heads": heads,
         "num_key_value_heads": int(field("attention.head_count_kv", heads)),
-        "head_dim": int(field("attention.key_length", hidden // heads)),
+        "head_dim": head_dim,
         "rms_norm_eps": float(field("attention.layer_norm_rms_epsilon")),
         "rope_theta": float(field("rope.freq_base", 10000.0)),
         "max_position_embeddings": int(field("context_length", 2048)),
         "tie_word_embeddings": "output.weight" not in tensor_names,
-        "hidden_act": "silu", "torch_dtype": "float32",
+        "torch_dtype": "float32",
     }
+    config["hidden_activation" if arch in ("gemma2", "gemma3") else "hidden_act"] = (
+        "gelu_pytorch_tanh" if arch in GEMMA else "silu")
+    if field("attention.sliding_window") is not None:
+        config["sliding_window"] = int(field("attention.sliding_window"))
+    if arch in ("gemma2", "gemma3"):
+        # llama.cpp scales queries by 1/sqrt(head_dim), but the 27B models' (46 / 62 layers) by 1/sqrt(hidden / heads)
+        big = layers == (46 if arch == "gemma2" else 62)
+        config["query_pre_attn_scalar"] = hidden // heads if big else head_dim
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if field(key) is not None:  # absent: the config class's default (Gemma 2: 50 and 30; Gemma 3: none)
+                config[key] = float(field(key))
+    if arch == "gemma3":
+        config["rope_local_base_freq"] = float(field("rope.freq_base_swa", 10000.0))  # llama.cpp's default
+        pattern = field("attention.sliding_window_pattern")
+        if isinstance(pattern, int):
+            config["sliding_window_pattern"] = pattern
+        elif pattern is not None:  # one flag per layer: True slides
+            config["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
+        if field("rope.scaling.type") == "linear":
+            config["rope_scaling"] = {"rope_type": "linear", "factor": float(field("rope.scaling.factor"))}
+    if arch == "phi3":
+        config["partial_rotary_factor"] = int(field("rope.dimension_count", head_dim)) / head_dim
+        config["original_max_position_embeddings"] = int(
+            field("rope.scaling.original_context_length", config["max_position_embeddings"]))
+        if rope_factors:
+            config["rope_scaling"] = {"rope_type": "longrope", **rope_factors}
+            if field("rope.scaling.attn_factor") is not None:
+                config["rope_scaling"]["attention_factor"] = float(field("rope.scaling.attn_factor"))
     for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
         item = reader.fields.get(f"tokenizer.ggml.{key}")
         if item is not None:
@@ -130,14 +172,19 @@ def _tensor_table(reader, arch: str, config: dict) -> dict[str, dict]:
     """Hugging Face name -> where the tensor's bytes lie in the file and how to turn them into float32."""
     table = {}
     for tensor in reader.tensors:
+        if tensor.name in ROPE_FACTORS:
+            continue
         heads = 0  # llama.cpp permutes llama's q/k rows for its rotary layout: undone after dequantizing
         if arch == "llama" and ".attn_q." in tensor.name:
             heads = config["num_attention_heads"]
         elif arch == "llama" and ".attn_k." in tensor.name:
             heads = config["num_key_value_heads"]
-        table[hf_name(tensor.name)] = {"type": tensor.tensor_type.name, "offset": int(tensor.data_offset),
-                                       "bytes": int(tensor.n_bytes), "dtype": str(tensor.data.dtype),
-                                       "shape": [int(n) for n in tensor.data.shape], "unpermute_heads": heads}
+        # llama.cpp stores Gemma's (1 + weight) norms with the 1 added: taken off after dequantizing
+        shift = -1.0 if arch in GEMMA and tensor.name.endswith("norm.weight") else 0.0
+        table[hf_name(tensor.name, arch)] = {
+            "type": tensor.tensor_type.name, "offset": int(tensor.data_offset), "bytes": int(tensor.n_bytes),
+            "dtype": str(tensor.data.dtype), "shape": [int(n) for n in tensor.data.shape], "unpermute_heads": heads,
+            "shift": shift}
     return table
 
 
@@ -150,7 +197,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     if arch not in ARCHITECTURES:
         raise WeightsError(f"GGUF architecture {arch!r} is not supported (supported: {sorted(ARCHITECTURES)})")
     names = {tensor.name for tensor in reader.tensors}
-    config = _config(reader, arch, names)
+    rope_factors = {ROPE_FACTORS[t.name]: np.asarray(t.data, np.float64).ravel().tolist()
+                    for t in reader.tensors if t.name in ROPE_FACTORS}  # Phi-3's longrope: config, not weights
+    config = _config(reader, arch, names, rope_factors)
     weights = {"gguf": str(gguf_path.resolve()), "size": gguf_path.stat().st_size,
                "tensors": _tensor_table(reader, arch, config)}
 
@@ -170,7 +219,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
 
 def read_gguf_weights(model_dir: Path) -> Iterator[tuple[str, np.ndarray]]:
     """(Hugging Face name, float32 array) for every tensor of a prepared directory, dequantized from its GGUF file.
-    The values are exactly those of converting the file (gguf.dequantize, then the rotary unpermutation)."""
+    The values are exactly those of converting the file (gguf.dequantize, then the rotary unpermutation or Gemma's
+    norm shift)."""
     import gguf
 
     weights = json.loads((model_dir / GGUF_WEIGHTS).read_text())
@@ -185,6 +235,8 @@ def read_gguf_weights(model_dir: Path) -> Iterator[tuple[str, np.ndarray]]:
         values = np.asarray(gguf.dequantize(raw, gguf.GGMLQuantizationType[entry["type"]]), dtype=np.float32)
         if entry["unpermute_heads"]:
             values = unpermute(values, entry["unpermute_heads"])
+        if entry.get("shift"):
+            values = values + np.float32(entry["shift"])
         return np.ascontiguousarray(values)
 
     # NumPy releases the GIL while it dequantizes: one thread per core, a few tensors ahead of the reader (not all

@@ -1,4 +1,6 @@
-"""The Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) as one Flax NNX module, prefill only.
+"""Every supported decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma 1/2/3, Phi-3, Granite,
+OLMo 2) as one Flax NNX module, prefill only. The families differ in data (runtime.model.config.ModelConfig), not
+in code paths per family: one layer body reads which norms, activation, multipliers, soft-caps and experts apply.
 
 Layers are stacked along a leading axis and run with `lax.scan` (or unrolled where runtime.serving.platform measured
 that it pays): one compiled layer body whatever the depth, so every shape bucket compiles quickly.
@@ -7,8 +9,11 @@ Weight matmuls take `dtype` inputs (float32 or bfloat16) and accumulate in float
 model's log-probs by up to 0.06 there; bfloat16 on accelerators, where cuDNN needs it). Norms, softmax,
 log-softmax, the residual stream and the embedding/vocabulary head stay in float32.
 
+Per-layer differences (Gemma 2/3: sliding or global attention, local or global RoPE base) keep the loop scanned:
+they are arrays the scan reads with each layer's weights (`_layer_data`), not Python branches.
+
 Shapes: B batch, T query tokens, S key tokens, C context (shared-prefix) tokens, D hidden,
-H heads, K KV heads, G = H // K, E head dim, F MLP hidden, V vocabulary, L labels.
+H heads, K KV heads, G = H // K, E head dim, R rotary dims, F MLP hidden, V vocabulary, L labels.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from flax import nnx
 
 from runtime.model import attention
 from runtime.model.config import ModelConfig
+from runtime.model.layers import dense, gated_mlp, rms_norm, rope_tables, rotate, routed_experts
 
 F32 = jnp.float32
 
@@ -35,32 +41,10 @@ class Kernels:
     matmul_precision: str | None = None  # traced under jax.default_matmul_precision (e.g. "highest": no TF32)
 
 
-def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
-    """x [..., I] @ w [I, O] in w's dtype, accumulated and returned in float32."""
-    y = jnp.einsum("...i,io->...o", x.astype(w.dtype), w, preferred_element_type=F32)
-    return y if b is None else y + b.astype(F32)
-
-
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    x = x.astype(F32)
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * weight.astype(F32)
-
-
-def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotary embedding in the Hugging Face (rotate-half) layout; x [B, T, N, E], cos/sin [B, T, E]."""
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
-
-
-def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
-    freqs = positions.astype(F32)[..., None] * inv_freq  # [B, T, E/2]
-    angles = jnp.concatenate([freqs, freqs], axis=-1)  # [B, T, E]
-    return jnp.cos(angles), jnp.sin(angles)
-
 
 TOP_K = 20  # runtime.interface.MAX_TOP_LOGPROBS: alternatives computed per position
 HEAD_CHUNK_BYTES = 256 * 2**20  # float32 logits of one chunk of positions in token_logprobs
+NO_WINDOW = 2**30  # the window of a global layer among sliding ones: longer than any sequence
 
 
 def _positions_per_chunk(batch: int, length: int, vocab: int) -> int:
@@ -71,25 +55,37 @@ def _positions_per_chunk(batch: int, length: int, vocab: int) -> int:
     return chunk
 
 
+def _frequencies(table: jax.Array, lengths: jax.Array | None) -> jax.Array:
+    """Inverse frequencies [R/2], or per row [B, R/2] from a by-length table (dynamic, longrope); without lengths
+    (the shared-prefix paths) the first row, valid because the scorer shares only within the length limit."""
+    if table.ndim == 1:
+        return table
+    if lengths is None:
+        return table[0]
+    return jnp.take(table, jnp.clip(lengths, 1, table.shape[0]) - 1, axis=0)
+
+
 class Llama(nnx.Module):
     """Weights are given as a dict of NumPy arrays in this module's layout (see runtime.model.weights)."""
 
     def __init__(self, cfg: ModelConfig, arrays: dict[str, np.ndarray], dtype: str = "float32",
                  kernels: Kernels | None = None, max_length: int | None = None):
-        """`max_length`: the longest sequence served; a sliding window at least that long never masks anything."""
+        """`max_length`: the longest sequence served; a sliding window at least that long never masks anything,
+        and RoPE types whose frequencies depend on the length get a table up to it."""
         self.cfg = cfg
         self.dtype = jnp.dtype(dtype)
         self.kernels = kernels or Kernels()
         self.attention_dtype = jnp.dtype(self.kernels.attention_dtype)
         window = cfg.sliding_window
         self.window = window if window is not None and (max_length is None or window < max_length) else None
-        norms = {"attn_norm", "mlp_norm", "q_norm", "k_norm", "final_norm"}
 
         def param(name: str) -> nnx.Param:
             # The embedding/vocabulary head stays float32: it runs only at scored positions (cheap) and
-            # bfloat16 rounding there moves log-probs by more than the body's bfloat16 matmuls do.
+            # bfloat16 rounding there moves log-probs by more than the body's bfloat16 matmuls do. Norms, biases
+            # and the router (its top-k choice) stay float32 too.
             base = name.removeprefix("layers.")
-            exact = base in norms or base.startswith("b") or base in ("embed", "lm_head", "score_head")
+            exact = base.endswith("norm") or base.startswith("b") or base in ("embed", "lm_head", "score_head",
+                                                                            "router")
             kept = F32 if exact else self.dtype
             return nnx.Param(jnp.asarray(arrays[name], dtype=kept))
 
@@ -99,45 +95,95 @@ class Llama(nnx.Module):
         self.score_head = param("score_head") if "score_head" in arrays else None  # [labels, D]
         layer_names = sorted(n for n in arrays if n.startswith("layers."))
         self.layers = nnx.Dict({n.removeprefix("layers."): param(n) for n in layer_names})  # each [Layers, ...]
-        self.inv_freq = nnx.Variable(jnp.asarray(cfg.inv_freq(), dtype=F32))
+        # RoPE: inverse frequencies [R/2], or [max_length, R/2] by length where served lengths change them.
+        limit = cfg.rope.length_limit()
+        length = max_length or cfg.max_position_embeddings
+        table, self.rope_scaling = cfg.rope.frequency_table(length)
+        self.inv_freq = nnx.Variable(jnp.asarray(table if table.shape[0] > 1 else table[0], dtype=F32))
+        local_table, self.local_rope_scaling = None, 1.0
+        if cfg.local_rope is not None:  # Gemma 3's sliding layers
+            local_table, self.local_rope_scaling = cfg.local_rope.frequency_table(length)
+            local_limit = cfg.local_rope.length_limit()
+            limit = local_limit if limit is None else min(limit, local_limit or limit)
+        self.local_inv_freq = None if local_table is None else nnx.Variable(
+            jnp.asarray(local_table if local_table.shape[0] > 1 else local_table[0], dtype=F32))
+        # Sequences up to this length share a prefix; longer ones change their RoPE frequencies (None: any length).
+        self.rope_length_limit = limit if limit is not None and length > limit else None
+
+    def _layer_data(self) -> dict[str, jax.Array]:
+        """What differs between layers besides weights, as arrays the scan reads with each layer: the attention
+        window (Gemma 2/3: sliding or global) and whether the layer uses the local RoPE (Gemma 3)."""
+        cfg, data = self.cfg, {}
+        sliding = np.asarray(cfg.layer_is_sliding())
+        if self.window is not None and not sliding.all():
+            data["window"] = jnp.asarray(np.where(sliding, self.window, NO_WINDOW), jnp.int32)  # [Layers]
+        if self.local_inv_freq is not None:  # by layer type, whether or not a window masks anything
+            data["local_rope"] = jnp.asarray(np.asarray(cfg.sliding_layers or (True,) * cfg.num_layers))  # [Layers]
+        return data
 
     # ---- one decoder layer (the scan body) -------------------------------------------------------
 
-    def _layer(self, h, p, cos, sin, ctx=None):
+    def _layer(self, h, p, rope, ctx=None):
         """h [B, T, D] float32 -> (h, (k, v)); with a context (ctx_k, ctx_v [C, K, E], ctx_len, positions [B, T]),
-        the queries also attend the context's first ctx_len keys."""
+        the queries also attend the context's first ctx_len keys. `rope`: (cos, sin) [B, T, R], and the local
+        (cos, sin) or None."""
         cfg = self.cfg
         B, T, _ = h.shape
-        x = rms_norm(h, p["attn_norm"], cfg.rms_norm_eps)
-        q = dense(x, p["wq"], p.get("bq")).reshape(B, T, cfg.num_heads, cfg.head_dim)
-        k = dense(x, p["wk"], p.get("bk")).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+        x = rms_norm(h, p["attn_norm"], cfg.rms_norm_eps) if cfg.pre_norms else h
+        q = dense(x, p["wq"], p.get("bq"))
+        k = dense(x, p["wk"], p.get("bk"))
         v = dense(x, p["wv"], p.get("bv")).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
-            k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+        if cfg.qk_norm == "projection":  # OLMo 2: over all heads at once
+            q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+        q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm == "head":
+            q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+        (cos, sin), local = rope
+        if local is not None:  # Gemma 3: the sliding layers' own RoPE base
+            cos, sin = jnp.where(p["local_rope"], local[0], cos), jnp.where(p["local_rope"], local[1], sin)
         adt = self.attention_dtype
         q, k, v = rotate(q, cos, sin).astype(adt), rotate(k, cos, sin).astype(adt), v.astype(adt)
+        window = p.get("window", self.window)
+        how = dict(implementation=self.kernels.attention, scale=cfg.attention_scale, softcap=cfg.attention_softcap)
         if ctx is None:
-            out = attention.causal(q, k, v, self.window, self.kernels.attention)
+            out = attention.causal(q, k, v, window, **how)
         else:
-            out = attention.after_context(q, k, v, *ctx, self.window, self.kernels.attention)
-        h = h + dense(out.reshape(B, T, cfg.num_heads * cfg.head_dim), p["wo"], p.get("bo"))
+            out = attention.after_context(q, k, v, *ctx, window, **how)
+        out = dense(out.reshape(B, T, cfg.num_heads * cfg.head_dim), p["wo"], p.get("bo"))
+        h = self._residual(h, out, p.get("attn_post_norm"))
 
-        x = rms_norm(h, p["mlp_norm"], cfg.rms_norm_eps)
-        gate = dense(x, p["w_gate"], p.get("b_gate"))
-        up = dense(x, p["w_up"], p.get("b_up"))
-        h = h + dense(jax.nn.silu(gate) * up, p["w_down"], p.get("b_down"))
+        x = rms_norm(h, p["mlp_norm"], cfg.rms_norm_eps) if cfg.pre_norms else h
+        if cfg.num_experts:
+            y = routed_experts(x, p, cfg.activation, cfg.experts_per_token, cfg.norm_topk_prob)
+        else:
+            y = gated_mlp(x, p, cfg.activation)
+        h = self._residual(h, y, p.get("mlp_post_norm"))
         return h, (k, v)
 
-    def _run_layers(self, tokens, positions, ctx=None, keep_kv=False):
-        cos, sin = rope_tables(positions, self.inv_freq[...])
+    def _residual(self, h, branch, post_norm):
+        """h + the branch, normed first where the family norms outputs (Gemma 2/3, OLMo 2), scaled (Granite)."""
+        if post_norm is not None:
+            branch = rms_norm(branch, post_norm, self.cfg.rms_norm_eps)
+        if self.cfg.residual_scale != 1.0:
+            branch = branch * self.cfg.residual_scale
+        return h + branch
+
+    def _run_layers(self, tokens, positions, ctx=None, keep_kv=False, lengths=None):
+        """`lengths` [B]: each row's length, for RoPE types whose frequencies depend on it (None: the first row)."""
+        rope = rope_tables(positions, _frequencies(self.inv_freq[...], lengths), self.rope_scaling)
+        local = None
+        if self.local_inv_freq is not None:
+            local = rope_tables(positions, _frequencies(self.local_inv_freq[...], lengths), self.local_rope_scaling)
         h = jnp.take(self.embed[...], tokens, axis=0).astype(F32)  # [B, T, D]
-        layers = {name: value[...] for name, value in self.layers.items()}
+        if self.cfg.embed_scale != 1.0:
+            h = h * self.cfg.embed_scale
+        layers = {name: value[...] for name, value in self.layers.items()} | self._layer_data()
         unroll = self.kernels.unroll
 
         if ctx is None:
             def body(h, p):
-                h, (k, v) = self._layer(h, p, cos, sin)
+                h, (k, v) = self._layer(h, p, (rope, local))
                 return h, ((k[0], v[0]) if keep_kv else None)  # keep_kv only for a batch of one
             return jax.lax.scan(body, h, layers, unroll=unroll)
 
@@ -145,7 +191,7 @@ class Llama(nnx.Module):
 
         def body_ctx(h, xs):
             p, k, v = xs
-            h, _ = self._layer(h, p, cos, sin, (k, v, ctx_len, positions))
+            h, _ = self._layer(h, p, (rope, local), (k, v, ctx_len, positions))
             return h, None
         return jax.lax.scan(body_ctx, h, (layers, ctx_k, ctx_v), unroll=unroll)
 
@@ -158,7 +204,7 @@ class Llama(nnx.Module):
     def hidden(self, tokens: jax.Array, last_index: jax.Array) -> jax.Array:
         """tokens [B, T] right-padded, last_index [B] -> final-normed hidden state there [B, D] float32."""
         B, T = tokens.shape
-        h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)))
+        h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)), lengths=last_index + 1)
         return self._pool(h, last_index)
 
     def prefill_context(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -181,13 +227,22 @@ class Llama(nnx.Module):
         """The vocabulary projection [V, D]: the embedding when the model ties them."""
         return self.embed[...] if self.lm_head is None else self.lm_head[...]
 
+    def _final_logits(self, logits: jax.Array) -> jax.Array:
+        """What a family does to the vocabulary logits: Granite divides them, Gemma 2/3 soft-cap them."""
+        cfg = self.cfg
+        if cfg.logits_divisor != 1.0:
+            logits = logits / cfg.logits_divisor
+        if cfg.final_softcap is not None:
+            logits = jnp.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        return logits
+
     def label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
         """hidden [B, D], labels [B, L] (per row) -> log P(label) over the full vocabulary [B, L] float32."""
         head = self._vocab_head()
-        logits = jnp.einsum("bd,vd->bv", hidden, head, preferred_element_type=F32)
+        logits = self._final_logits(jnp.einsum("bd,vd->bv", hidden, head, preferred_element_type=F32))
         # The labels' logits as an elementwise product and sum rather than read off the matmul: XLA picks
         # matmul kernels by batch size, and this keeps a row's score the same in any batch (~1e-5 better).
-        label_logits = jnp.sum(hidden[:, None, :] * jnp.take(head, labels, axis=0), axis=-1)
+        label_logits = self._final_logits(jnp.sum(hidden[:, None, :] * jnp.take(head, labels, axis=0), axis=-1))
         return label_logits - jax.nn.logsumexp(logits, axis=1, keepdims=True)
 
     def token_logprobs(self, tokens: jax.Array, lengths: jax.Array, temperature: jax.Array, seed: jax.Array):
@@ -201,7 +256,7 @@ class Llama(nnx.Module):
         The vocabulary projection runs over chunks of positions (a scan), each at most HEAD_CHUNK_BYTES of
         float32 logits; a chosen token's log-probability and its top-k entry are the same float."""
         B, T = tokens.shape
-        h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)))
+        h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)), lengths=lengths)
         h = rms_norm(h, self.final_norm[...], self.cfg.rms_norm_eps)  # [B, T, D]
         head = self._vocab_head()  # [V, D]
         targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1), tokens.dtype)], axis=1)  # next token [B, T]
@@ -209,7 +264,7 @@ class Llama(nnx.Module):
 
         def read(xs):
             h_c, t_c = xs  # [B, c, D], [B, c]
-            logits = jnp.einsum("bcd,vd->bcv", h_c, head, preferred_element_type=F32)
+            logits = self._final_logits(jnp.einsum("bcd,vd->bcv", h_c, head, preferred_element_type=F32))
             lse = jax.nn.logsumexp(logits, axis=-1)
             chosen = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0] - lse
             top_values, top_ids = jax.lax.top_k(logits, TOP_K)
@@ -227,7 +282,8 @@ class Llama(nnx.Module):
         greedy_logprob = jnp.take_along_axis(top_logprobs, last[:, None, None], axis=1)[:, 0, 0]
         # Drawn at a temperature: from the last position's whole distribution, with the row's own generator.
         last_h = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]  # [B, D]
-        last_logprobs = jax.nn.log_softmax(jnp.einsum("bd,vd->bv", last_h, head, preferred_element_type=F32))
+        last_logprobs = jax.nn.log_softmax(
+            self._final_logits(jnp.einsum("bd,vd->bv", last_h, head, preferred_element_type=F32)))
         drawn = jax.vmap(lambda s, lp, t: jax.random.categorical(jax.random.key(s), lp / t))(
             seed, last_logprobs, jnp.maximum(temperature, 1e-6))
         sample = temperature > 0

@@ -9,7 +9,7 @@ import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -26,6 +26,9 @@ class Target:
     layer: int | None  # index along the stacked layer axis, None for unstacked tensors
     hf_shape: tuple[int, ...]  # shape as stored in the checkpoint
     transpose: bool  # torch Linear [out, in] -> [in, out]
+    expert: int | None = None  # index along the stacked expert axis (Qwen3-MoE)
+    offset: float = 0.0  # added once at load: Gemma's norms compute x * (1 + weight), the same float32 sum
+    split: tuple[tuple[str, int], ...] = ()  # a fused tensor (Phi-3 qkv_proj, gate_up_proj): (name, rows) in order
 
 
 # Tensors that checkpoints may carry but the model derives itself.
@@ -33,50 +36,116 @@ IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
-def weight_map(cfg: ModelConfig) -> dict[str, Target]:
-    """Every tensor the checkpoint must contain, by Hugging Face name."""
+def _norm_names(cfg: ModelConfig) -> dict[str, str]:
+    """Hugging Face layer-norm names -> this runtime's: what `post_attention_layernorm` is depends on the family
+    (Llama: the norm before the MLP; Gemma 2/3 and OLMo 2: the norm of the attention output)."""
+    if cfg.pre_norms and not cfg.post_norms:
+        return {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}
+    names = {"post_attention_layernorm": "attn_post_norm", "post_feedforward_layernorm": "mlp_post_norm"}
+    if cfg.pre_norms:
+        names |= {"input_layernorm": "attn_norm", "pre_feedforward_layernorm": "mlp_norm"}
+    return names
+
+
+class _Layer(NamedTuple):
+    name: str
+    hf_shape: tuple[int, ...]
+    transpose: bool
+    split: tuple[tuple[str, int], ...] = ()
+    expert: int | None = None
+
+
+def _layer_tensors(cfg: ModelConfig) -> dict[str, _Layer]:
+    """Per-layer suffix -> where that tensor of each layer goes."""
     D, F, E = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q_out, kv_out = cfg.num_heads * E, cfg.num_kv_heads * E
+    per_layer = {f"{hf}.weight": _Layer(name, (D,), False) for hf, name in _norm_names(cfg).items()}
+    if cfg.family == "phi3":  # fused projections, split at load into the names every other family uses
+        per_layer["self_attn.qkv_proj.weight"] = _Layer("wq", (q_out + 2 * kv_out, D), True,
+                                                        (("wq", q_out), ("wk", kv_out), ("wv", kv_out)))
+        per_layer["mlp.gate_up_proj.weight"] = _Layer("w_gate", (2 * F, D), True, (("w_gate", F), ("w_up", F)))
+    else:
+        per_layer |= {"self_attn.q_proj.weight": _Layer("wq", (q_out, D), True),
+                      "self_attn.k_proj.weight": _Layer("wk", (kv_out, D), True),
+                      "self_attn.v_proj.weight": _Layer("wv", (kv_out, D), True)}
+        if not cfg.num_experts:
+            per_layer |= {"mlp.gate_proj.weight": _Layer("w_gate", (F, D), True),
+                          "mlp.up_proj.weight": _Layer("w_up", (F, D), True)}
+    per_layer["self_attn.o_proj.weight"] = _Layer("wo", (D, q_out), True)
+    if cfg.num_experts:
+        X, Fm = cfg.num_experts, cfg.moe_intermediate_size
+        per_layer["mlp.gate.weight"] = _Layer("router", (X, D), True)
+        for e in range(X):
+            per_layer |= {f"mlp.experts.{e}.gate_proj.weight": _Layer("experts_gate", (Fm, D), True, (), e),
+                          f"mlp.experts.{e}.up_proj.weight": _Layer("experts_up", (Fm, D), True, (), e),
+                          f"mlp.experts.{e}.down_proj.weight": _Layer("experts_down", (D, Fm), True, (), e)}
+    else:
+        per_layer["mlp.down_proj.weight"] = _Layer("w_down", (D, F), True)
+    if cfg.qkv_bias:
+        per_layer |= {"self_attn.q_proj.bias": _Layer("bq", (q_out,), False),
+                      "self_attn.k_proj.bias": _Layer("bk", (kv_out,), False),
+                      "self_attn.v_proj.bias": _Layer("bv", (kv_out,), False)}
+    if cfg.o_bias:
+        per_layer["self_attn.o_proj.bias"] = _Layer("bo", (D,), False)
+    if cfg.mlp_bias:
+        per_layer |= {"mlp.gate_proj.bias": _Layer("b_gate", (F,), False),
+                      "mlp.up_proj.bias": _Layer("b_up", (F,), False),
+                      "mlp.down_proj.bias": _Layer("b_down", (D,), False)}
+    if cfg.qk_norm:
+        q_size, kv_size = (E, E) if cfg.qk_norm == "head" else (q_out, kv_out)
+        per_layer |= {"self_attn.q_norm.weight": _Layer("q_norm", (q_size,), False),
+                      "self_attn.k_norm.weight": _Layer("k_norm", (kv_size,), False)}
+    return per_layer
+
+
+def weight_map(cfg: ModelConfig) -> dict[str, Target]:
+    """Every tensor the checkpoint must contain, by Hugging Face name."""
+    D = cfg.hidden_size
     targets = {
         "model.embed_tokens.weight": Target("embed", None, (cfg.vocab_size, D), False),
-        "model.norm.weight": Target("final_norm", None, (D,), False),
+        "model.norm.weight": Target("final_norm", None, (D,), False, offset=cfg.norm_offset),
     }
     if cfg.task == "sequence_classification":
         targets["score.weight"] = Target("score_head", None, (cfg.num_labels, D), False)
     elif not cfg.tie_word_embeddings:
         targets["lm_head.weight"] = Target("lm_head", None, (cfg.vocab_size, D), False)
-    per_layer = {
-        "input_layernorm.weight": ("attn_norm", (D,), False),
-        "post_attention_layernorm.weight": ("mlp_norm", (D,), False),
-        "self_attn.q_proj.weight": ("wq", (q_out, D), True),
-        "self_attn.k_proj.weight": ("wk", (kv_out, D), True),
-        "self_attn.v_proj.weight": ("wv", (kv_out, D), True),
-        "self_attn.o_proj.weight": ("wo", (D, q_out), True),
-        "mlp.gate_proj.weight": ("w_gate", (F, D), True),
-        "mlp.up_proj.weight": ("w_up", (F, D), True),
-        "mlp.down_proj.weight": ("w_down", (D, F), True),
-    }
-    if cfg.qkv_bias:
-        per_layer |= {"self_attn.q_proj.bias": ("bq", (q_out,), False),
-                      "self_attn.k_proj.bias": ("bk", (kv_out,), False),
-                      "self_attn.v_proj.bias": ("bv", (kv_out,), False)}
-    if cfg.o_bias:
-        per_layer["self_attn.o_proj.bias"] = ("bo", (D,), False)
-    if cfg.mlp_bias:
-        per_layer |= {"mlp.gate_proj.bias": ("b_gate", (F,), False), "mlp.up_proj.bias": ("b_up", (F,), False),
-                      "mlp.down_proj.bias": ("b_down", (D,), False)}
-    if cfg.qk_norm:
-        per_layer |= {"self_attn.q_norm.weight": ("q_norm", (E,), False),
-                      "self_attn.k_norm.weight": ("k_norm", (E,), False)}
     for i in range(cfg.num_layers):
-        for suffix, (name, shape, transpose) in per_layer.items():
-            targets[f"model.layers.{i}.{suffix}"] = Target(f"layers.{name}", i, shape, transpose)
+        for suffix, t in _layer_tensors(cfg).items():
+            offset = cfg.norm_offset if t.name.endswith("norm") else 0.0
+            targets[f"model.layers.{i}.{suffix}"] = Target(f"layers.{t.name}", i, t.hf_shape, t.transpose, t.expert,
+                                                           offset, tuple((f"layers.{n}", r) for n, r in t.split))
     return targets
+
+
+def array_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every array's shape in the model's layout, from the config alone (compiling needs no weights): fused
+    tensors as their parts, experts stacked after layers."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for target in weight_map(cfg).values():
+        out, *rest = target.hf_shape
+        for name, rows in target.split or ((target.name, out),):
+            shape = tuple(reversed((rows, *rest))) if target.transpose else (rows, *rest)
+            lead = () if target.layer is None else (cfg.num_layers,) if target.expert is None else \
+                (cfg.num_layers, cfg.num_experts)
+            shapes[name] = (*lead, *shape)
+    return shapes
 
 
 def _is_expected_extra(name: str, cfg: ModelConfig) -> bool:
     # Tied checkpoints sometimes store the (identical) lm_head too.
     return bool(IGNORED.search(name)) or (name == "lm_head.weight" and cfg.tie_word_embeddings)
+
+
+def _place(arrays: dict[str, np.ndarray], cfg: ModelConfig, name: str, target: Target, value: np.ndarray) -> None:
+    value = value.T if target.transpose else value
+    if target.layer is None:
+        arrays[name] = value
+        return
+    lead = (cfg.num_layers,) if target.expert is None else (cfg.num_layers, cfg.num_experts)
+    stack = arrays.get(name)
+    if stack is None:
+        stack = arrays[name] = np.empty((*lead, *value.shape), np.float32)
+    stack[target.layer if target.expert is None else (target.layer, target.expert)] = value
 
 
 def assemble(cfg: ModelConfig, tensors: Iterator[tuple[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -97,14 +166,15 @@ def assemble(cfg: ModelConfig, tensors: Iterator[tuple[str, np.ndarray]]) -> dic
         if tuple(value.shape) != target.hf_shape:
             raise WeightsError(f"tensor {name} has shape {tuple(value.shape)}, config implies {target.hf_shape}")
         value = np.asarray(value, dtype=np.float32)
-        value = value.T if target.transpose else value
-        if target.layer is None:
-            arrays[target.name] = value
-        else:
-            stack = arrays.get(target.name)
-            if stack is None:
-                stack = arrays[target.name] = np.empty((cfg.num_layers, *value.shape), np.float32)
-            stack[target.layer] = value
+        if target.offset:
+            value = value + np.float32(target.offset)
+        if not target.split:
+            _place(arrays, cfg, target.name, target, value)
+            continue
+        start = 0
+        for part, rows in target.split:  # rows of the fused [out, in] tensor, in order
+            _place(arrays, cfg, part, target, value[start: start + rows])
+            start += rows
     if unknown:
         shown = ", ".join(sorted(unknown)[:5]) + (" ..." if len(unknown) > 5 else "")
         raise WeightsError(f"{len(unknown)} unknown tensor(s) for {cfg.architecture}: {shown}")

@@ -100,22 +100,13 @@ def fit_to_data_axis(platform: Platform, settings: Settings, data: int) -> Platf
 
 
 def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool) -> Platform:
-    """cuDNN attention only where it runs this model: bfloat16, a supported head size, no sliding window that
-    masks within the served lengths, and a start-up probe that agrees with XLA. `explicit`: SCOREFN_ATTENTION
-    asked for cudnn, so a model it cannot run is an error rather than a fallback."""
+    """cuDNN attention only where it runs this model: nothing `cudnn_cannot_run` names, and a start-up probe that
+    agrees with XLA. `explicit`: SCOREFN_ATTENTION asked for cudnn, so a model it cannot run is an error rather
+    than a fallback."""
     kernels = platform.kernels
     if kernels.attention != "cudnn":
         return platform
-    problem = None
-    if kernels.attention_dtype not in ("bfloat16", "float16"):
-        problem = f"cuDNN attention needs bfloat16 or float16, not {kernels.attention_dtype}"
-    elif cfg.head_dim % 8 or cfg.head_dim > CUDNN_MAX_HEAD_DIM:
-        problem = f"cuDNN attention runs head sizes that are multiples of 8 up to {CUDNN_MAX_HEAD_DIM}, " \
-                  f"this model's is {cfg.head_dim}"
-    elif cfg.sliding_window is not None and cfg.sliding_window < max_length:
-        problem = f"a sliding window of {cfg.sliding_window} tokens needs masks that cuDNN attention does not take"
-    else:
-        problem = cudnn_probe(cfg, kernels.attention_dtype)
+    problem = cudnn_cannot_run(cfg, kernels.attention_dtype, max_length) or cudnn_probe(cfg, kernels.attention_dtype)
     if problem is None:
         return platform
     if explicit:
@@ -123,6 +114,22 @@ def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit
     log.warning("attention falls back to XLA: %s", problem)
     return dataclasses.replace(platform, kernels=dataclasses.replace(
         kernels, attention="xla", attention_dtype=attention_dtype(platform.backend, platform.dtype, "xla")))
+
+
+def cudnn_cannot_run(cfg: ModelConfig, dtype: str, max_length: int) -> str | None:
+    """Why cuDNN attention cannot run this model at these lengths, from the config alone (no device needed, so a
+    deviceless GPU compile can ask too); None when nothing rules it out."""
+    if dtype not in ("bfloat16", "float16"):
+        return f"cuDNN attention needs bfloat16 or float16, not {dtype}"
+    if cfg.head_dim % 8 or cfg.head_dim > CUDNN_MAX_HEAD_DIM:
+        return (f"cuDNN attention runs head sizes that are multiples of 8 up to {CUDNN_MAX_HEAD_DIM}, "
+                f"this model's is {cfg.head_dim}")
+    if cfg.attention_softcap is not None:
+        return (f"{cfg.architecture} soft-caps its attention scores (tanh, cap {cfg.attention_softcap:g}), which "
+                f"cuDNN attention cannot compute; XLA runs its attention")
+    if cfg.sliding_window is not None and cfg.sliding_window < max_length:
+        return f"a sliding window of {cfg.sliding_window} tokens needs masks that cuDNN attention does not take"
+    return None
 
 
 def cudnn_probe(cfg: ModelConfig, dtype: str) -> str | None:

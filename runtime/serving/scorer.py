@@ -78,6 +78,9 @@ class Scorer:
         self.exe = executables or Executables(model, lazy=lazy, store=store)
         self.hidden_size = self.cfg.hidden_size
         self.attention_dtype = model.attention_dtype  # of the shared-prefix keys and values
+        # Longer sequences change their RoPE frequencies (dynamic, longrope), so the context's keys would differ
+        # from each item's own: such requests are scored in full.
+        self.rope_length_limit = model.rope_length_limit
         self.device_batches = 0  # forward passes run (for /metrics: mean rows per device batch)
         self.device_rows = 0
         self.prefix_batches = 0  # of which scored after a shared prefix
@@ -204,6 +207,8 @@ class Scorer:
         """Tokens to share, or 0 when scoring the sequences in full costs fewer padded tokens."""
         p = self.plan
         if not p.prefix_sharing or len(sequences) < 2:
+            return 0
+        if self.rope_length_limit is not None and max(map(len, sequences)) > self.rope_length_limit:
             return 0
         shared = min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
         rests = sorted((len(s) - shared for s in sequences), reverse=True)

@@ -6,7 +6,8 @@ a `NamedSharding` per parameter, and `jit` with in/out shardings per entry point
   input rows), the MLP by its hidden units (w_gate/w_up by columns, w_down by rows), the embedding /
   vocabulary head by vocabulary rows; XLA inserts the all-reduces. KV heads are split with the query
   heads when they divide too, and replicated otherwise. A part whose size does not divide by the model
-  axis is replicated (logged); norms, the output/down biases, q_norm/k_norm and small heads always are.
+  axis is replicated (logged); norms (pre, post, q/k), the output/down biases, the MoE router and small heads
+  always are. Qwen3-MoE's experts split by their hidden units, as the MLP does.
   The layer axis of the stacked weights is never split (the layers run under `lax.scan`).
 
 One device (the default on a laptop or a one-GPU machine) skips all of this: `build_layout` returns None
@@ -63,6 +64,10 @@ _SHARDED = {
     "w_gate": ("mlp", P(None, None, MODEL)), "w_up": ("mlp", P(None, None, MODEL)),
     "b_gate": ("mlp", P(None, MODEL)), "b_up": ("mlp", P(None, MODEL)),
     "w_down": ("mlp", P(None, MODEL, None)),
+    # Qwen3-MoE's experts [Layers, X, D, F] / [Layers, X, F, D]: split by each expert's hidden units like the MLP
+    # (every device holds every expert: the dense formulation runs them all); the router [Layers, D, X] replicated.
+    "experts_gate": ("mlp", P(None, None, None, MODEL)), "experts_up": ("mlp", P(None, None, None, MODEL)),
+    "experts_down": ("mlp", P(None, None, MODEL, None)),
     "embed": ("vocab", P(MODEL, None)), "lm_head": ("vocab", P(MODEL, None)),
 }
 
@@ -72,12 +77,13 @@ def sharded_parts(cfg: ModelConfig, model: int, data: int = 1) -> dict[str, bool
     if model == 1:
         return {"attention": False, "kv": False, "mlp": False, "vocab": False}
     attention = cfg.num_heads % model == 0
+    mlp_units = cfg.moe_intermediate_size if cfg.num_experts else cfg.intermediate_size
     parts = {"attention": attention, "kv": attention and cfg.num_kv_heads % model == 0,
-             "mlp": cfg.intermediate_size % model == 0, "vocab": cfg.vocab_size % model == 0}
+             "mlp": mlp_units % model == 0, "vocab": cfg.vocab_size % model == 0}
     if not (parts["attention"] or parts["mlp"] or parts["vocab"]):
         raise MeshError(
             f"a model axis of {model} devices splits nothing of this model: its {cfg.num_heads} attention heads, "
-            f"{cfg.intermediate_size} MLP hidden units and {cfg.vocab_size}-token vocabulary are not multiples "
+            f"{mlp_units} MLP hidden units and {cfg.vocab_size}-token vocabulary are not multiples "
             f"of {model}; use a model axis that divides them, or the data axis only (SCOREFN_MESH={data * model}x1)")
     if not attention:
         divisors = [str(d) for d in range(2, cfg.num_heads + 1) if cfg.num_heads % d == 0]
@@ -89,8 +95,7 @@ def sharded_parts(cfg: ModelConfig, model: int, data: int = 1) -> dict[str, bool
         log.info("KV heads replicated on the model axis: %d KV heads do not divide by %d (query heads are split)",
                  cfg.num_kv_heads, model)
     if not parts["mlp"]:
-        log.warning("MLP replicated on the model axis: %d hidden units do not divide by %d",
-                    cfg.intermediate_size, model)
+        log.warning("MLP replicated on the model axis: %d hidden units do not divide by %d", mlp_units, model)
     return parts
 
 

@@ -1,4 +1,5 @@
-"""Runtime test helpers: small bucket plans, tiny random Hugging Face checkpoints."""
+"""Runtime test helpers: small bucket plans, tiny random Hugging Face checkpoints of every supported architecture,
+and one compiled scorer per tiny case shared by the parity tests of every path."""
 
 from __future__ import annotations
 
@@ -34,7 +35,28 @@ def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None 
 
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2)
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, initializer_range=0.2)
+# family -> (config class, model class), as transformers names them
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "granite": ("GraniteConfig", "GraniteForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+    "llama_cls": ("LlamaConfig", "LlamaForSequenceClassification"),
+    "qwen2_cls": ("Qwen2Config", "Qwen2ForSequenceClassification"),
+    "qwen3_cls": ("Qwen3Config", "Qwen3ForSequenceClassification"),
+    "gemma_cls": ("GemmaConfig", "GemmaForSequenceClassification"),
+    "gemma2_cls": ("Gemma2Config", "Gemma2ForSequenceClassification"),
+    "gemma3_cls": ("Gemma3TextConfig", "Gemma3TextForSequenceClassification"),
+    "phi3_cls": ("Phi3Config", "Phi3ForSequenceClassification"),
+}
 
 
 def tiny_checkpoint(family: str, out_dir: Path, **overrides):
@@ -43,15 +65,7 @@ def tiny_checkpoint(family: str, out_dir: Path, **overrides):
     import transformers
 
     torch.manual_seed(0)
-    config_cls, model_cls = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-        "llama_cls": (transformers.LlamaConfig, transformers.LlamaForSequenceClassification),
-        "qwen2_cls": (transformers.Qwen2Config, transformers.Qwen2ForSequenceClassification),
-        "qwen3_cls": (transformers.Qwen3Config, transformers.Qwen3ForSequenceClassification),
-    }[family]
+    config_cls, model_cls = (getattr(transformers, name) for name in FAMILIES[family])
     config = config_cls(**{**TINY, **overrides})
     config._attn_implementation = "eager"
     model = model_cls(config).eval()
@@ -73,3 +87,75 @@ def tokenizer(embedded_dir):
     from runtime.model.loader import load_tokenizer
 
     return load_tokenizer(embedded_dir)
+
+
+# Tiny random configs of every supported architecture and RoPE type: case -> (family, config overrides).
+# Length-dependent RoPE (dynamic, longrope) switches at 24 tokens, inside the served 32.
+_LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.0],
+             "long_factor": [1.5, 2.0, 3.0, 4.0, 6.0, 8.0]}
+CASES = {
+    "llama": ("llama", {}),
+    "llama_tied": ("llama", {"tie_word_embeddings": True}),
+    "llama_biases": ("llama", {"attention_bias": True, "mlp_bias": True}),
+    "llama3_rope_scaling": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                       "high_freq_factor": 4.0,
+                                                       "original_max_position_embeddings": 16},
+                                      "rope_theta": 500000.0}),
+    "smollm2_like": ("llama", {"tie_word_embeddings": True, "num_key_value_heads": 1, "rope_theta": 100000.0}),
+    "mistral_sliding_window": ("mistral", {"sliding_window": 6}),
+    "qwen2": ("qwen2", {}),
+    "qwen3": ("qwen3", {"head_dim": 32}),
+    "qwen3_moe_linear_rope": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True,
+                                            "moe_intermediate_size": 32,
+                                            "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    "gemma": ("gemma", {"attention_bias": True}),
+    # soft-caps small enough to bend the scores; layer 0 slides (window 6), layer 1 is global
+    "gemma2": ("gemma2", {"sliding_window": 6, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+                          "query_pre_attn_scalar": 24}),
+    "gemma3_local_global_rope": ("gemma3", {
+        "sliding_window": 6, "layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 24,
+        "final_logit_softcapping": 3.0,
+        "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}),
+    "phi3_longrope_partial_sliding": ("phi3", {"sliding_window": 10, "partial_rotary_factor": 0.75,
+                                               "max_position_embeddings": 96, "original_max_position_embeddings": 24,
+                                               "rope_scaling": _LONGROPE, "pad_token_id": 0}),
+    "granite_dynamic_rope": ("granite", {"embedding_multiplier": 3.0, "attention_multiplier": 0.2,
+                                         "residual_multiplier": 0.5, "logits_scaling": 2.0,
+                                         "max_position_embeddings": 24,
+                                         "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}),
+    "olmo2_yarn_rope": ("olmo2", {"max_position_embeddings": 64, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}}),
+}
+# One plan for every path (full sequences, a shared prefix as a cascade, per-position log-probabilities), one bucket
+# of each kind: six executables per case. Bucket choice and splitting are tested elsewhere (test_batching).
+PARITY_PLAN = small_plan(lengths=(32,), batches=(8,), labels=(16,), prefix_sharing=True, suffix_lengths=(8,),
+                         suffix_batches=(4,), completion_batches=(4,))
+
+
+class FreshRope:
+    """Calls a transformers model as a fresh one: its dynamic RoPE keeps the frequencies of the longest sequence
+    seen (until one is short again), so a 30-token sequence after a 32-token one would be computed with the
+    32-token frequencies. scorefn computes each row from its own length, which is transformers on that sequence
+    alone."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, *args, **kwargs):
+        for module in self.model.modules():
+            if hasattr(module, "original_inv_freq") and hasattr(module, "original_max_seq_len"):
+                module.inv_freq = module.original_inv_freq.clone()
+                module.max_seq_len_cached = module.original_max_seq_len
+        return self.model(*args, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_case(request, tmp_path_factory):
+    """(PyTorch reference, float32 scorer on PARITY_PLAN) for CASES[request.param] (parametrize indirectly):
+    pytest groups the tests of one case, so every path's parity test shares one checkpoint and one set of
+    compiled buckets."""
+    family, overrides = CASES[request.param]
+    model_dir = tmp_path_factory.mktemp(request.param)
+    torch_model = tiny_checkpoint(family, model_dir, **overrides)
+    return FreshRope(torch_model), scorer_for(model_dir, "float32", PARITY_PLAN)

@@ -53,9 +53,17 @@ def engine_settings(tmp_path, cache_dir, **overrides):
 
 # ---- kind 1: *ForSequenceClassification --------------------------------------------------------------
 
-@pytest.mark.parametrize("family", ["llama_cls", "qwen2_cls", "qwen3_cls"])
+HEADS = {  # family -> config overrides (Gemma 2/3: a sliding layer of window 6 and a global one; soft-caps)
+    "llama_cls": {}, "qwen2_cls": {}, "qwen3_cls": {}, "gemma_cls": {},
+    "gemma2_cls": {"sliding_window": 6, "attn_logit_softcapping": 2.0},
+    "gemma3_cls": {"sliding_window": 6, "layer_types": ["sliding_attention", "full_attention"]},
+    "phi3_cls": {"partial_rotary_factor": 0.75},
+}
+
+
+@pytest.mark.parametrize("family", sorted(HEADS))
 def test_classification_head_matches_transformers(family, tmp_path):
-    model = tiny_checkpoint(family, tmp_path, num_labels=3, pad_token_id=0)
+    model = tiny_checkpoint(family, tmp_path, num_labels=3, pad_token_id=0, **HEADS[family])
     rng = np.random.default_rng(1)
     # Lengths 1..30 in one padded batch; ids >= 1 (0 is the pad token transformers looks for).
     sequences = [[1 + t for t in seq] for seq in random_sequences(rng, 6, 1, 30, 127)]
@@ -168,3 +176,43 @@ def test_verbalizer_truncation_and_models(embedded_service):
     cards = json.loads(core.begin(HttpRequest("GET", "/v1/models", {}, b"")).body)["data"]
     assert [(card["id"], card.get("labels")) for card in cards] == [
         ("SmolLM2-135M-Instruct", None), ("sentiment", ["positive", "negative"]), ("relevance", None)]  # + reranker
+
+
+# ---- a ShieldGemma-style declaration (the README's) on a tiny Gemma 2 --------------------------------
+
+def test_the_readme_shieldgemma_declaration_works_on_a_tiny_gemma2(tmp_path, cache_dir, embedded_dir):
+    """The README's TOML as SCOREFN_CLASSIFIERS on a random Gemma 2 (soft-caps, a sliding and a global layer) with
+    SmolLM2's tokenizer: probs are transformers' softmax over the Yes and No logits at the last position."""
+    import torch
+
+    from tests.conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    (block,) = [b for b in (part.split("```")[0] for part in readme.split("```toml\n")[1:]) if "shieldgemma" in b]
+    (tmp_path / "classifiers.toml").write_text(block)
+    model_dir = tmp_path / "gemma2"
+    model = tiny_checkpoint("gemma2", model_dir, vocab_size=49152, sliding_window=64, attn_logit_softcapping=5.0,
+                            final_logit_softcapping=4.0)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(embedded_dir / name, model_dir / name)
+    settings = engine_settings(tmp_path, cache_dir, model=str(model_dir),
+                               classifiers=str(tmp_path / "classifiers.toml"), length_buckets=(192,),
+                               batch_buckets=(2,), prefix_sharing=False, completion_batch_buckets=(2,))
+    engine = Engine(settings)
+    engine.start()
+    try:
+        core = ScoringCore(settings, engine)
+        (classifier,) = engine.classifiers
+        assert classifier.name == "shieldgemma-harassment" and classifier.labels == ("violation", "safe")
+        texts = ["You are worthless and everyone at school will hear what you did.", "How do I bake bread?"]
+        status, body = post(core, "/v1/classify", {"model": "shieldgemma-harassment", "input": texts})
+        assert status == 200 and [entry["num_classes"] for entry in body["data"]] == [2, 2]
+        yes, no = (engine.tokenize(word, add_special_tokens=False)[0] for word in ("Yes", "No"))
+        assert classifier.label_ids == (yes, no)
+        with torch.no_grad():
+            logits = np.stack([model(torch.tensor([engine.tokenize(classifier.render(text))])).logits[0, -1].double()
+                               .numpy() for text in texts])
+        expected = scipy.special.softmax(logits[:, [yes, no]], axis=1)
+        np.testing.assert_allclose([entry["probs"] for entry in body["data"]], expected, atol=1e-5, rtol=0)
+    finally:
+        engine.stop(5)

@@ -12,8 +12,8 @@ from safetensors.numpy import load_file, save_file
 from runtime.serving.buckets import SequenceTooLong
 from runtime.model.config import ModelConfigError, config_from_hf, load_config
 from runtime.model.loader import load_model
-from runtime.model.weights import WeightsError, load_arrays
-from tests.runtime.conftest import scorer_for, small_plan, tiny_checkpoint
+from runtime.model.weights import WeightsError, array_shapes, load_arrays
+from tests.runtime.conftest import CASES, scorer_for, small_plan, tiny_checkpoint
 
 
 @pytest.fixture
@@ -46,8 +46,8 @@ def test_unknown_architecture_is_named():
 
 def test_unsupported_rope_type_is_named(checkpoint):
     raw = json.loads((checkpoint / "config.json").read_text())
-    raw["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
-    with pytest.raises(ModelConfigError, match="rope type 'yarn' is not supported"):
+    raw["rope_parameters"] = {"rope_type": "proportional", "factor": 4.0, "rope_theta": 10000.0}
+    with pytest.raises(ModelConfigError, match="rope type 'proportional' is not supported"):
         config_from_hf(raw)
 
 
@@ -107,3 +107,13 @@ def test_too_long_sequence_states_limit_and_length(checkpoint):
     scorer = scorer_for(checkpoint, plan=small_plan(lengths=(16, 32)))
     with pytest.raises(SequenceTooLong, match="33 tokens exceeds the longest supported length of 32"):
         scorer.score([[1] * 33], [0])
+
+
+@pytest.mark.parametrize("case", ["phi3_longrope_partial_sliding", "qwen3_moe_linear_rope", "gemma2",
+                                  "olmo2_yarn_rope"])
+def test_array_shapes_from_the_config_alone_are_the_loaded_ones(case, tmp_path):
+    """What a deviceless compile (no weights) builds the model's abstract parameters from."""
+    family, overrides = CASES[case]
+    tiny_checkpoint(family, tmp_path, **overrides)
+    cfg = load_config(tmp_path)
+    assert array_shapes(cfg) == {name: value.shape for name, value in load_arrays(tmp_path, cfg).items()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -88,6 +89,9 @@ def test_cudnn_falls_back_to_xla_where_it_cannot_run(caplog):
 @pytest.mark.parametrize("change,reason", [
     ({"head_dim": 12}, "multiples of 8 up to 128, this model's is 12"),
     ({"architectures": ["MistralForCausalLM"], "sliding_window": 512}, "sliding window of 512 tokens"),
+    ({"architectures": ["Gemma2ForCausalLM"], "sliding_window": 4096},
+     "Gemma2ForCausalLM soft-caps its attention scores (tanh, cap 50), which cuDNN attention cannot compute"),
+    ({"architectures": ["Gemma3ForCausalLM"], "sliding_window": 512}, "sliding window of 512 tokens"),
 ])
 def test_cudnn_is_not_tried_where_it_cannot_apply(change, reason, caplog):
     cfg = config_from_hf({**QWEN3, **change})
@@ -95,3 +99,5 @@ def test_cudnn_is_not_tried_where_it_cannot_apply(change, reason, caplog):
     with caplog.at_level(logging.WARNING, logger="scorefn.runtime"):
         assert fit_to_model(gpu, cfg, 2048, explicit=False).kernels.attention == "xla"
     assert reason in caplog.text
+    with pytest.raises(ValueError, match=f"SCOREFN_ATTENTION=cudnn cannot run this model: .*{re.escape(reason)}"):
+        fit_to_model(gpu, cfg, 2048, explicit=True)  # SCOREFN_ATTENTION=cudnn: the start fails, saying why

@@ -85,7 +85,7 @@ class ScorerEngine:
 
 # ---- kind 1: a one-label *ForSequenceClassification ---------------------------------------------------
 
-@pytest.mark.parametrize("family", ["llama_cls", "qwen2_cls", "qwen3_cls"])
+@pytest.mark.parametrize("family", ["llama_cls", "qwen2_cls", "qwen3_cls", "gemma_cls"])
 def test_head_relevance_matches_transformers_and_shares_the_query(family, tmp_path, embedded_dir):
     import torch
 

@@ -34,6 +34,10 @@ TINY_CASES = {
     "llama": ("llama", dict(num_attention_heads=8, num_key_value_heads=2, attention_bias=True, mlp_bias=True)),
     # q/k norms; 4 KV heads split 4 ways; head_dim 16 (not hidden / heads).
     "qwen3": ("qwen3", dict(num_attention_heads=8, num_key_value_heads=4, head_dim=16)),
+    # experts split by their hidden units (32 over 4), the router replicated; Gemma 2-style parts are covered by
+    # the same rules (post norms replicated; the per-layer window is scan data, not a parameter).
+    "qwen3_moe": ("qwen3_moe", dict(num_attention_heads=8, num_key_value_heads=4, num_experts=4,
+                                    num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)),
 }
 # float32 partial sums reduced in another order (model axis) and XLA:CPU's batch-size-dependent matmul kernels
 # (data axis: fewer rows per device) move the embedded model's 30 layers by up to 1.5e-5 here (2.1e-5 measured
@@ -168,8 +172,11 @@ def test_parameter_specs(smollm, caplog):
     assert param_spec("layers.bq", parts) == P(None, "model")
     assert param_spec("layers.wk", parts) == param_spec("layers.bv", parts) == P()
     assert param_spec("layers.wk", sharded_parts(gqa, 2)) == P(None, None, "model")
+    assert param_spec("layers.experts_up", parts) == P(None, None, None, "model")
+    assert param_spec("layers.experts_down", parts) == P(None, None, "model", None)
     for always_replicated in ("layers.attn_norm", "layers.k_norm", "layers.bo", "layers.b_down", "final_norm",
-                              "score_head", "inv_freq", "something_new"):
+                              "score_head", "inv_freq", "layers.attn_post_norm", "layers.mlp_post_norm",
+                              "layers.router", "local_inv_freq", "something_new"):
         assert param_spec(always_replicated, sharded_parts(gqa, 2)) == P()
 
 

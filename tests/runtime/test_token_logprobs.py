@@ -8,8 +8,7 @@ import pytest
 
 from runtime.model import transformer as model_module
 from runtime.interface import MAX_TOP_LOGPROBS, Sampling
-from tests.runtime.conftest import random_sequences, scorer_for, small_plan, tiny_checkpoint
-from tests.runtime.test_parity_tiny import CASES
+from tests.runtime.conftest import CASES, random_sequences, scorer_for, small_plan, tiny_checkpoint
 
 PLAN = small_plan(lengths=(16, 32), batches=(1, 8))
 
@@ -43,12 +42,11 @@ def assert_matches(ours, reference, sequence, atol):
     assert ours.next_id == ours.top_ids[T - 1, 0] and ours.next_logprob == ours.top_logprobs[T - 1, 0]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_every_position_matches_transformers(case, tmp_path):
-    family, overrides = CASES[case]
-    torch_model = tiny_checkpoint(family, tmp_path, **overrides)
-    scorer = scorer_for(tmp_path, "float32", plan_with_completions())
-    sequences = random_sequences(np.random.default_rng(7), 5, 2, 30, 128)
+@pytest.mark.parametrize("tiny_case", sorted(CASES), indirect=True)
+def test_every_position_matches_transformers(tiny_case):
+    torch_model, scorer = tiny_case  # the scorer test_parity_tiny checks, with completion buckets
+    rng = np.random.default_rng(7)
+    sequences = random_sequences(rng, 3, 2, 30, 128) + random_sequences(rng, 1, 28, 32, 128)  # and one > 24 tokens
     for ours, sequence in zip(scorer.token_logprobs(sequences), sequences):
         assert_matches(ours, torch_log_softmax(torch_model, sequence), sequence, atol=1e-4)
 

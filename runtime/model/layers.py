@@ -1,0 +1,77 @@
+"""The decoder layer's parts as pure functions: projections, norms, rotary embedding, gated MLP, routed experts.
+
+Shapes: B batch, T tokens, D hidden, N heads, E head dim, R rotary dims (<= E), F MLP hidden, X experts.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+F32 = jnp.float32
+
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True)}
+
+
+def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
+    """x [..., I] @ w [I, O] in w's dtype, accumulated and returned in float32."""
+    y = jnp.einsum("...i,io->...o", x.astype(w.dtype), w, preferred_element_type=F32)
+    return y if b is None else y + b.astype(F32)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm in float32. Gemma's (1 + weight) form gets its 1 added to the weight at load."""
+    x = x.astype(F32)
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * weight.astype(F32)
+
+
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotary embedding in the Hugging Face (rotate-half) layout; x [B, T, N, E], cos/sin [B, T, R]: the first R
+    dims of each head rotate, the rest pass (partial rotary, Phi-3 / Phi-4-mini)."""
+    R = cos.shape[-1]
+    rot, rest = (x, None) if R == x.shape[-1] else (x[..., :R], x[..., R:])
+    half = R // 2
+    rotated = jnp.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
+    out = rot * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out if rest is None else jnp.concatenate([out, rest.astype(out.dtype)], axis=-1)
+
+
+def rope_tables(positions: jax.Array, inv_freq: jax.Array, scaling: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """positions [B, T], inverse frequencies [R/2] or per row [B, R/2] -> cos, sin [B, T, R] (times the attention
+    scaling of yarn / longrope, as transformers multiplies them)."""
+    if inv_freq.ndim == 2:
+        inv_freq = inv_freq[:, None, :]
+    freqs = positions.astype(F32)[..., None] * inv_freq  # [B, T, R/2]
+    angles = jnp.concatenate([freqs, freqs], axis=-1)  # [B, T, R]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    return (cos, sin) if scaling == 1.0 else (cos * scaling, sin * scaling)
+
+
+def gated_mlp(x: jax.Array, p: dict, activation: str) -> jax.Array:
+    """down(act(gate(x)) * up(x)): SwiGLU (silu) or GeGLU (gelu tanh); x [B, T, D] -> [B, T, D] float32."""
+    gate = dense(x, p["w_gate"], p.get("b_gate"))
+    up = dense(x, p["w_up"], p.get("b_up"))
+    return dense(ACTIVATIONS[activation](gate) * up, p["w_down"], p.get("b_down"))
+
+
+def routed_experts(x: jax.Array, p: dict, activation: str, top_k: int, normalize: bool) -> jax.Array:
+    """Qwen3-MoE's sparse block, computed densely: x [B, T, D] -> [B, T, D] float32.
+
+    The router as transformers computes it: softmax over the experts' logits in float32, the top-k probabilities
+    (renormalized to sum 1 when `normalize`), every other expert weighted 0. Every expert then runs on every token
+    and the weights mix their outputs: X / top_k times the FLOPs of routing (16x for Qwen3-30B-A3B's 128 experts,
+    top 8), in exchange for plain batched matmuls and no data-dependent shapes. The weights multiply the experts'
+    hidden activations before the down projection, so the [B, T, X, D] outputs are never materialized."""
+    probs = jax.nn.softmax(dense(x.astype(F32), p["router"].astype(F32)), axis=-1)  # [B, T, X]
+    top, chosen = jax.lax.top_k(probs, top_k)  # [B, T, k]
+    if normalize:
+        top = top / jnp.sum(top, axis=-1, keepdims=True)
+    weights = jnp.sum(jax.nn.one_hot(chosen, probs.shape[-1], dtype=F32) * top[..., None], axis=-2)  # [B, T, X]
+    w_gate, w_up, w_down = p["experts_gate"], p["experts_up"], p["experts_down"]  # [X, D, F], [X, D, F], [X, F, D]
+    xw = x.astype(w_gate.dtype)
+    gate = jnp.einsum("btd,xdf->btxf", xw, w_gate, preferred_element_type=F32)
+    up = jnp.einsum("btd,xdf->btxf", xw, w_up, preferred_element_type=F32)
+    hidden = ACTIVATIONS[activation](gate) * up * weights[..., None]  # [B, T, X, F]
+    return jnp.einsum("btxf,xfd->btd", hidden.astype(w_down.dtype), w_down, preferred_element_type=F32)
