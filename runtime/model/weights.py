@@ -74,6 +74,15 @@ def weight_map(cfg: ModelConfig) -> dict[str, Target]:
     return targets
 
 
+def array_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every array's shape in the model's layout, from the config alone: compiling needs no weights."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for target in weight_map(cfg).values():
+        shape = target.hf_shape[::-1] if target.transpose else target.hf_shape
+        shapes[target.name] = shape if target.layer is None else (cfg.num_layers, *shape)
+    return shapes
+
+
 def _is_expected_extra(name: str, cfg: ModelConfig) -> bool:
     # Tied checkpoints sometimes store the (identical) lm_head too.
     return bool(IGNORED.search(name)) or (name == "lm_head.weight" and cfg.tie_word_embeddings)

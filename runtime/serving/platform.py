@@ -64,8 +64,16 @@ def attention_dtype(backend: str, dtype: str, attention: str) -> str:
 def current_backend() -> str:
     import jax
 
-    backend = jax.default_backend()
-    return "gpu" if backend in ("cuda", "rocm", "gpu") else backend
+    return _backend_name(jax.default_backend())
+
+
+def backend_of(device) -> str:
+    """cpu | gpu | tpu of a device, real or compile-only."""
+    return _backend_name(device.platform)
+
+
+def _backend_name(platform: str) -> str:
+    return "gpu" if platform in ("cuda", "rocm", "gpu") else platform
 
 
 def resolve(settings: Settings, backend: str | None = None) -> Platform:
@@ -99,10 +107,12 @@ def fit_to_data_axis(platform: Platform, settings: Settings, data: int) -> Platf
         completion_batch_buckets=fit(settings.completion_batch_buckets, platform.completion_batch_buckets))
 
 
-def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool) -> Platform:
+def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool,
+                 probe: bool = True) -> Platform:
     """cuDNN attention only where it runs this model: bfloat16, a supported head size, no sliding window that
     masks within the served lengths, and a start-up probe that agrees with XLA. `explicit`: SCOREFN_ATTENTION
-    asked for cudnn, so a model it cannot run is an error rather than a fallback."""
+    asked for cudnn, so a model it cannot run is an error rather than a fallback. `probe` False: compile-only
+    devices cannot run it, so the compile assumes it passes (a start whose probe fails compiles with XLA)."""
     kernels = platform.kernels
     if kernels.attention != "cudnn":
         return platform
@@ -114,7 +124,7 @@ def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit
                   f"this model's is {cfg.head_dim}"
     elif cfg.sliding_window is not None and cfg.sliding_window < max_length:
         problem = f"a sliding window of {cfg.sliding_window} tokens needs masks that cuDNN attention does not take"
-    else:
+    elif probe:
         problem = cudnn_probe(cfg, kernels.attention_dtype)
     if problem is None:
         return platform

@@ -84,9 +84,12 @@ class Scorer:
 
     # ---- warm-up --------------------------------------------------------------------------------------
 
-    def compile_all(self, progress: Callable[[int, str, float], None] | None = None) -> int:
+    def compile_all(self, progress: Callable[[int, str, float], None] | None = None,
+                    timings: dict[tuple, float] | None = None) -> int:
         """Compile every bucket once (from the executable store, else through the persistent cache).
-        Returns how many buckets there are; `progress(done, name, seconds)` after each one."""
+        Returns how many buckets there are; `progress(done, name, seconds)` after each one; `timings`, when
+        given, gets each (entry point, bucket)'s seconds."""
+        timings = {} if timings is None else timings
         p, D = self.plan, self.hidden_size
         kv_shape = lambda c: (self.cfg.num_layers, c, self.cfg.num_kv_heads, self.cfg.head_dim)
         kv_dtype = self.attention_dtype
@@ -103,6 +106,9 @@ class Scorer:
         else:
             work += [("class_logits", (b,), (spec((b, D), np.float32),))
                      for b in sorted({b for b, _ in p.heads()})]
+        if self.exe.store is not None and (miss := self.exe.store.explain_miss(self.exe.fingerprint,
+                                                                              self.exe.fingerprint_parts)):
+            (log.info if "nothing stored yet" in miss else log.warning)(miss)
         # Executables in the store load without tracing. Tracing holds the GIL, so it runs here one bucket at a
         # time; XLA compiles (or loads from the persistent cache) in a pool meanwhile, on every core.
         todo, done = [], 0
@@ -112,15 +118,17 @@ class Scorer:
             started = time.perf_counter()
             if self.exe.load_stored(method, key):
                 done += 1
+                timings[(method, key)] = time.perf_counter() - started
                 if progress:
-                    progress(done, f"{method}{key}", time.perf_counter() - started)
+                    progress(done, f"{method}{key}", timings[(method, key)])
             else:
                 todo.append((method, key, args))
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             def compile_one(method: str, key: tuple, lowered, traced: float) -> tuple[str, float]:
                 started = time.perf_counter()
                 self.exe.add(method, key, lowered)
-                return f"{method}{key}", traced + time.perf_counter() - started
+                timings[(method, key)] = traced + time.perf_counter() - started
+                return f"{method}{key}", timings[(method, key)]
             futures = []
             for method, key, args in todo:
                 started = time.perf_counter()

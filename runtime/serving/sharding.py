@@ -165,7 +165,10 @@ class Layout:
     def put_state(self, state: Any) -> Any:
         """The model state (nnx.State) with every array placed with its NamedSharding, once, at start-up."""
         def put(path, value):
-            return jax.device_put(value, NamedSharding(self.mesh, param_spec(_param_name(path), self.parts)))
+            sharding = NamedSharding(self.mesh, param_spec(_param_name(path), self.parts))
+            if isinstance(value, jax.ShapeDtypeStruct):  # an abstract state (compiling without weights)
+                return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
+            return jax.device_put(value, sharding)
         return jax.tree_util.tree_map_with_path(put, state)
 
     def jit(self, fn: Callable, method: str, state: Any, example_args: Sequence[Any]) -> Any:

@@ -1,4 +1,4 @@
-"""`scorefn` command line: serve, score, warmup, prepare, bench, settings."""
+"""`scorefn` command line: serve, score, warmup, compile, prepare, bench, settings."""
 
 from __future__ import annotations
 
@@ -101,6 +101,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    from runtime.tools.compile import main as compile_main
+
+    return compile_main(args)
+
+
 def cmd_coldstart(args: argparse.Namespace) -> int:
     from runtime.tools.coldstart import main as coldstart_main
 
@@ -133,6 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("settings", help="list every setting with its default").set_defaults(func=cmd_settings)
     sub.add_parser("coldstart", help="measure start to /ready with an empty and a warm compile cache").set_defaults(
         func=cmd_coldstart)
+
+    compile_ = sub.add_parser("compile", help="compile every bucket for a target device (no device needed) into "
+                              "the executable store a start there loads")
+    compile_.add_argument("--target", required=True, help="cpu, l4, h100, a100, tpu-v5e, tpu-v6e; with a count: "
+                          "h100:4, tpu-v5e:2x2 (SCOREFN_MESH splits them)")
+    compile_.add_argument("--json-out", help="write every executable's compile time, memory and size as JSON")
+    compile_.set_defaults(func=cmd_compile)
 
     bench = sub.add_parser("bench", help="benchmark against transformers (PyTorch) on this machine")
     bench.add_argument("--quick", action="store_true",
