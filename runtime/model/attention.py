@@ -8,14 +8,20 @@ Two shapes of work:
   attend their own keys causally; the two partial softmaxes are merged exactly through their log-sum-exps.
   The context is never copied per item.
 
-Shapes: B batch, T query tokens, C context tokens, N query heads, K KV heads, E head dim.
+- `packed`: rows holding several sequences each (accelerators' buckets), causal within each sequence, with or
+  without a shared context before them.
+
+Shapes: B batch, T query tokens, C context tokens, N query heads, K KV heads, E head dim, R rows of W tokens.
 Softmax and log-sum-exp run in float32 whatever the input dtype; the merge is float32.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 F32 = jnp.float32
 
@@ -36,22 +42,75 @@ def after_context(q: jax.Array, k: jax.Array, v: jax.Array, ctx_k: jax.Array, ct
                   ctx_len: jax.Array, positions: jax.Array, window: int | None, implementation: str) -> jax.Array:
     """Items' queries q [B, T, N, E] at `positions` [B, T] (>= ctx_len), their own keys k/v [B, T, K, E], and the
     shared context's keys ctx_k/ctx_v [C, K, E] of which the first ctx_len are real -> [B, T, N, E] float32."""
+    ctx_out, ctx_lse = context(q, ctx_k, ctx_v, ctx_len, positions, window, implementation)
+    own_out, own_lse = jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=_left_window(window),
+                                                    implementation=implementation, return_residual=True)
+    return merge(ctx_out, ctx_lse, own_out, own_lse)
+
+
+def context(q: jax.Array, ctx_k: jax.Array, ctx_v: jax.Array, ctx_len: jax.Array, positions: jax.Array,
+            window: int | None, implementation: str) -> tuple[jax.Array, jax.Array]:
+    """Every query q [B, T, N, E] (folded into one query axis) attends the context's first ctx_len keys
+    ctx_k/ctx_v [C, K, E] -> (out [B, T, N, E], log-sum-exp [B, T, N]).
+
+    On a device mesh each data shard folds its own rows (G groups, G = the mesh's data axis), so queries, keys and
+    values are split alike, as cuDNN's partitioner requires; on one device G = 1."""
     B, T, N, E = q.shape
     C = ctx_k.shape[0]
-    folded = q.reshape(1, B * T, N, E)
+    G = _data_groups(B)
+    folded = _by_group(q.reshape(G, B * T // G, N, E), G)
+    keys = _by_group(jnp.broadcast_to(ctx_k[None], (G, *ctx_k.shape)), G)
+    values = _by_group(jnp.broadcast_to(ctx_v[None], (G, *ctx_v.shape)), G)
     if window is None:
-        ctx_out, ctx_lse = jax.nn.dot_product_attention(
-            folded, ctx_k[None], ctx_v[None], key_value_seq_lengths=jnp.reshape(ctx_len, (1,)).astype(jnp.int32),
+        out, lse = jax.nn.dot_product_attention(
+            folded, keys, values, key_value_seq_lengths=jnp.broadcast_to(ctx_len, (G,)).astype(jnp.int32),
             implementation=implementation, return_residual=True)
     else:  # a sliding window shorter than the sequences: which context keys are visible depends on the position
         ctx_pos = jnp.arange(C)
         visible = (ctx_pos < ctx_len) & (ctx_pos[None, :] > positions.reshape(B * T, 1) - window)  # [B*T, C]
-        ctx_out, ctx_lse = jax.nn.dot_product_attention(
-            folded, ctx_k[None], ctx_v[None], mask=visible[None, None], implementation=implementation,
+        out, lse = jax.nn.dot_product_attention(
+            folded, keys, values, mask=visible.reshape(G, 1, B * T // G, C), implementation=implementation,
             return_residual=True)
-    own_out, own_lse = jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=_left_window(window),
+    return out.reshape(B, T, N, E), lse.reshape(B, T, N)
+
+
+class Packed(NamedTuple):
+    """Rows holding several sequences (runtime.serving.packing): each token's sequence within its row (segment;
+    -1 for padding) and position [R, W]; `context`: the shared prefix's (keys, values, length) they continue."""
+    segments: jax.Array
+    positions: jax.Array
+    context: tuple[jax.Array, jax.Array, jax.Array] | None = None
+
+
+def packed(q: jax.Array, k: jax.Array, v: jax.Array, rows: Packed, window: int | None,
+           implementation: str) -> jax.Array:
+    """q [R, W, N, E], k/v [R, W, K, E] -> [R, W, N, E] float32: each token attends the earlier tokens of its own
+    sequence (padding tokens attend each other, never a real token), then the shared context if there is one.
+    cuDNN takes the mask as a bias (its flash attention with bias); XLA applies it to the scores."""
+    seg, pos = rows.segments, rows.positions
+    own = (seg[:, :, None] == seg[:, None, :]) & (pos[:, None, :] <= pos[:, :, None])  # [R, queries, keys]
+    if window is not None:
+        own = own & (pos[:, None, :] > pos[:, :, None] - window)
+    if rows.context is None:
+        out = jax.nn.dot_product_attention(q, k, v, mask=own[:, None], is_causal=True, implementation=implementation)
+        return out.astype(F32)
+    own_out, own_lse = jax.nn.dot_product_attention(q, k, v, mask=own[:, None], is_causal=True,
                                                     implementation=implementation, return_residual=True)
-    return merge(ctx_out.reshape(B, T, N, E), ctx_lse.reshape(B, T, N), own_out, own_lse)
+    ctx_out, ctx_lse = context(q, *rows.context, pos, window, implementation)
+    return merge(ctx_out, ctx_lse, own_out, own_lse)
+
+
+def _data_groups(rows: int) -> int:
+    """The data axis of the mesh being traced for (1 without one): the rows split into that many groups."""
+    mesh = jax.sharding.get_abstract_mesh()
+    data = 1 if mesh.empty else dict(mesh.shape).get("data", 1)
+    return data if data > 1 and rows % data == 0 else 1
+
+
+def _by_group(x: jax.Array, groups: int) -> jax.Array:
+    if groups == 1:
+        return x
+    return jax.lax.with_sharding_constraint(x, P("data", *(P.UNCONSTRAINED,) * (x.ndim - 1)))
 
 
 def merge(out_a: jax.Array, lse_a: jax.Array, out_b: jax.Array, lse_b: jax.Array) -> jax.Array:

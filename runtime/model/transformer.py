@@ -117,10 +117,7 @@ class Llama(nnx.Module):
             k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
         adt = self.attention_dtype
         q, k, v = rotate(q, cos, sin).astype(adt), rotate(k, cos, sin).astype(adt), v.astype(adt)
-        if ctx is None:
-            out = attention.causal(q, k, v, self.window, self.kernels.attention)
-        else:
-            out = attention.after_context(q, k, v, *ctx, self.window, self.kernels.attention)
+        out = self._attend(q, k, v, ctx)
         h = h + dense(out.reshape(B, T, cfg.num_heads * cfg.head_dim), p["wo"], p.get("bo"))
 
         x = rms_norm(h, p["mlp_norm"], cfg.rms_norm_eps)
@@ -129,15 +126,26 @@ class Llama(nnx.Module):
         h = h + dense(jax.nn.silu(gate) * up, p["w_down"], p.get("b_down"))
         return h, (k, v)
 
-    def _run_layers(self, tokens, positions, ctx=None, keep_kv=False):
+    def _attend(self, q, k, v, ctx):
+        """Attention of one layer: causal over whole rows (ctx None), after a shared context (ctx: context keys,
+        values, length, positions), or within the sequences packed into rows (an attention.Packed)."""
+        if ctx is None:
+            return attention.causal(q, k, v, self.window, self.kernels.attention)
+        if isinstance(ctx, attention.Packed):
+            return attention.packed(q, k, v, ctx, self.window, self.kernels.attention)
+        return attention.after_context(q, k, v, *ctx, self.window, self.kernels.attention)
+
+    def _run_layers(self, tokens, positions, ctx=None, keep_kv=False, segments=None):
         cos, sin = rope_tables(positions, self.inv_freq[...])
         h = jnp.take(self.embed[...], tokens, axis=0).astype(F32)  # [B, T, D]
         layers = {name: value[...] for name, value in self.layers.items()}
         unroll = self.kernels.unroll
 
         if ctx is None:
+            rows = None if segments is None else attention.Packed(segments, positions)
+
             def body(h, p):
-                h, (k, v) = self._layer(h, p, cos, sin)
+                h, (k, v) = self._layer(h, p, cos, sin, rows)
                 return h, ((k[0], v[0]) if keep_kv else None)  # keep_kv only for a batch of one
             return jax.lax.scan(body, h, layers, unroll=unroll)
 
@@ -145,7 +153,9 @@ class Llama(nnx.Module):
 
         def body_ctx(h, xs):
             p, k, v = xs
-            h, _ = self._layer(h, p, cos, sin, (k, v, ctx_len, positions))
+            attend = (k, v, ctx_len, positions) if segments is None else \
+                attention.Packed(segments, positions, (k, v, ctx_len))
+            h, _ = self._layer(h, p, cos, sin, attend)
             return h, None
         return jax.lax.scan(body_ctx, h, (layers, ctx_k, ctx_v), unroll=unroll)
 
@@ -176,6 +186,26 @@ class Llama(nnx.Module):
         positions = ctx_len + jnp.broadcast_to(jnp.arange(T), (B, T))
         h, _ = self._run_layers(tokens, positions, (ctx_k, ctx_v, ctx_len))
         return self._pool(h, last_index)
+
+    def hidden_packed(self, tokens: jax.Array, positions: jax.Array, segments: jax.Array,
+                      last_index: jax.Array) -> jax.Array:
+        """Several whole sequences per row (runtime.serving.packing): tokens, positions (from 0 in each sequence)
+        and segments (-1: padding) [R, W]; last_index [M]: flat indices into R * W of each sequence's last token.
+        Returns the final-normed hidden states there [M, D] float32."""
+        h, _ = self._run_layers(tokens, positions, segments=segments)
+        return self._pool_flat(h, last_index)
+
+    def hidden_packed_after_context(self, ctx_k, ctx_v, ctx_len, tokens, positions, segments,
+                                    last_index) -> jax.Array:
+        """Continuations of a shared prefix packed into rows: as hidden_packed, with positions from ctx_len, and
+        every token also attends the context's first ctx_len keys (ctx_k, ctx_v [Layers, C, K, E])."""
+        h, _ = self._run_layers(tokens, positions, (ctx_k, ctx_v, ctx_len), segments=segments)
+        return self._pool_flat(h, last_index)
+
+    def _pool_flat(self, h: jax.Array, last_index: jax.Array) -> jax.Array:
+        R, W, D = h.shape
+        last = jnp.take(h.reshape(R * W, D), last_index, axis=0)  # [M, D]
+        return rms_norm(last, self.final_norm[...], self.cfg.rms_norm_eps)
 
     def _vocab_head(self) -> jax.Array:
         """The vocabulary projection [V, D]: the embedding when the model ties them."""

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from runtime.model.config import ModelConfig
-from runtime.serving.buckets import BucketPlan, label_buckets
+from runtime.serving.buckets import BucketPlan
 from runtime.settings import Settings
 
 log = logging.getLogger("scorefn.runtime")
@@ -26,10 +26,10 @@ log = logging.getLogger("scorefn.runtime")
 def bucket_plan(settings: Settings, platform) -> BucketPlan:
     return BucketPlan(
         lengths=settings.length_buckets, batches=platform.batch_buckets, max_tokens=platform.max_bucket_tokens,
-        labels=label_buckets(settings.max_labels), context_lengths=settings.context_buckets,
+        labels=platform.label_buckets, context_lengths=settings.context_buckets,
         suffix_lengths=settings.suffix_length_buckets,
         suffix_batches=platform.suffix_batch_buckets, prefix_sharing=settings.prefix_sharing,
-        completion_batches=platform.completion_batch_buckets)
+        completion_batches=platform.completion_batch_buckets, packing=platform.packing)
 
 
 def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] | None = None, *,

@@ -13,6 +13,7 @@ config, kernels, parameter layout, JAX/XLA environment), so a warm start loads e
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -113,7 +114,8 @@ class ExecutableStore:
 
         path = self._path(fingerprint, method, key)
         try:
-            blob = pickle.dumps(serialize_executable.serialize(compiled))
+            with _without_partitioning_callbacks(compiled):
+                blob = pickle.dumps(serialize_executable.serialize(compiled))
             _write_atomic(path, blob)
             return len(blob)
         except Exception as exc:  # a read-only image, or an executable that cannot be serialized: fine
@@ -142,6 +144,27 @@ class ExecutableStore:
         return (f"executable store: no executables for this start's fingerprint {fingerprint}; the newest stored set "
                 f"({manifests[0].parent.name}, of {len(manifests)}) differs in {'; '.join(differences) or 'nothing'}; "
                 f"compiling every bucket")
+
+
+@contextlib.contextmanager
+def _without_partitioning_callbacks(compiled: jax.stages.Compiled):
+    """Serialize a sharded program that holds custom-partitioned ops (cuDNN attention on a mesh) without their
+    callbacks. jax 0.10.2's custom_partitioning lowering keeps a _ShardingCallbackInfo alive on the executable
+    (`module_context.add_keepalive`) so that XLA's SPMD partitioner can call back into Python while compiling;
+    it holds a local function (`to_mesh_pspec_sharding`), which pickle refuses. Once compiled, nothing calls it:
+    the partitioned program is in the executable, so the serialized copy leaves these keepalives out."""
+    from jax._src.custom_partitioning import _ShardingCallbackInfo
+
+    unloaded = getattr(compiled._executable, "_unloaded_executable", None)
+    kept = getattr(unloaded, "keepalive", None)
+    if not kept or not any(isinstance(k, _ShardingCallbackInfo) for k in kept):
+        yield
+        return
+    unloaded.keepalive = [k for k in kept if not isinstance(k, _ShardingCallbackInfo)]
+    try:
+        yield
+    finally:
+        unloaded.keepalive = kept
 
 
 def _difference(key: str, stored: Any, ours: Any) -> str:
@@ -256,7 +279,9 @@ class Executables:
                                  for a in example_args)
         else:
             jitted = self.shardings.jit(self._entry(method), method, self.state, example_args)
-        with jax.default_matmul_precision(self.matmul_precision):  # None: the backend's default
+        # Traced under the mesh (sharded): runtime.model.attention groups rows by its data axis.
+        mesh = jax.set_mesh(self.shardings.mesh) if self.shardings is not None else contextlib.nullcontext()
+        with mesh, jax.default_matmul_precision(self.matmul_precision):  # None: the backend's default
             return jitted.lower(abstract(self.state), *example_args)
 
     def add(self, method: str, key: tuple, lowered: jax.stages.Lowered) -> None:

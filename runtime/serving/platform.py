@@ -20,6 +20,8 @@ import logging
 
 from runtime.model.config import ModelConfig
 from runtime.model.transformer import Kernels
+from runtime.serving.buckets import label_buckets
+from runtime.serving.packing import Packing
 from runtime.settings import Settings
 
 log = logging.getLogger("scorefn.runtime")
@@ -41,6 +43,8 @@ class Platform:
     suffix_batch_buckets: tuple[int, ...]
     max_bucket_tokens: int
     completion_batch_buckets: tuple[int, ...]
+    label_buckets: tuple[int, ...] = (4, 16, 64, 256, 1024)
+    packing: Packing | None = None  # sequences packed into rows (runtime.serving.packing); None: the grid
     # Rounds dispatched and not yet fetched. An accelerator runs one while the host plans and dispatches the next;
     # on a CPU host and "device" share the cores, so one (and a drain never waits behind a second).
     rounds_in_flight: int = 1
@@ -49,8 +53,9 @@ class Platform:
         k = self.kernels
         return (f"{self.backend}: {self.dtype}, layer loop {'unrolled' if k.unroll else 'scanned'}, attention "
                 f"{k.attention} in {k.attention_dtype}, matmul precision {k.matmul_precision or 'default'}, "
-                f"batches {self.batch_buckets}, suffix batches {self.suffix_batch_buckets}, "
-                f"completion batches {self.completion_batch_buckets}, "
+                + (f"packed rows of {self.packing.width} ({self.packing.rows}), " if self.packing else
+                   f"batches {self.batch_buckets}, suffix batches {self.suffix_batch_buckets}, ")
+                + f"completion batches {self.completion_batch_buckets}, labels {self.label_buckets}, "
                 f"at most {self.max_bucket_tokens} tokens per bucket, {self.rounds_in_flight} round(s) in flight")
 
 
@@ -89,9 +94,17 @@ def resolve(settings: Settings, backend: str | None = None) -> Platform:
     kernels = Kernels(unroll=loop == "unroll", attention=attention,
                       attention_dtype=attention_dtype(backend, dtype, attention),
                       matmul_precision="highest" if accelerator else None)
+    layout = settings.bucket_layout if settings.bucket_layout != "auto" else ("packed" if accelerator else "grid")
+    packing = None
+    if layout == "packed":  # rows no wider than the longest sequence served
+        width = min(Packing.width, settings.length_buckets[-1])
+        packing = Packing(width=width, narrow=tuple(w for w in Packing.narrow if w < width))
+    # Accelerators: two label buckets (each is an executable per slot count); the CPU keeps its finer set.
+    labels = label_buckets(settings.max_labels, (16,) if accelerator else None)
     return Platform(backend, dtype, kernels, settings.batch_buckets or batches,
                     settings.suffix_batch_buckets or suffix_batches, settings.max_bucket_tokens or max_tokens,
-                    settings.completion_batch_buckets or completion_batches, rounds_in_flight=2 if accelerator else 1)
+                    settings.completion_batch_buckets or completion_batches, labels, packing,
+                    rounds_in_flight=2 if accelerator else 1)
 
 
 def fit_to_data_axis(platform: Platform, settings: Settings, data: int) -> Platform:
@@ -102,7 +115,8 @@ def fit_to_data_axis(platform: Platform, settings: Settings, data: int) -> Platf
     if data == 1:
         return platform
     return dataclasses.replace(
-        platform, batch_buckets=fit(settings.batch_buckets, platform.batch_buckets),
+        platform, packing=platform.packing.fit_to_data_axis(data) if platform.packing else None,
+        batch_buckets=fit(settings.batch_buckets, platform.batch_buckets),
         suffix_batch_buckets=fit(settings.suffix_batch_buckets, platform.suffix_batch_buckets),
         completion_batch_buckets=fit(settings.completion_batch_buckets, platform.completion_batch_buckets))
 
