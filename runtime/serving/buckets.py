@@ -71,11 +71,11 @@ class BucketPlan:
         return [c for c in self.context_lengths if c <= self.max_length] if self.prefix_sharing else []
 
     def continuations(self) -> list[tuple[int, ...]]:
-        """(context, batch, length) buckets of scoring after a shared prefix; packed: (context, rows)."""
+        """(context, batch, length) buckets of scoring after a shared prefix; packed: (context, rows, width)."""
         if not self.prefix_sharing:
             return []
         if self.packing:
-            return [(c, r) for c in self.contexts() for r in self.packing.rows]
+            return [(c, r, w) for c in self.contexts() for r, w in self.packing.continuation_shapes()]
         return [(c, b, s) for c in self.contexts() for s in self.suffix_lengths for b in self.suffix_batches
                 if b <= self.batch_for(s, self.suffix_batches)]
 
@@ -110,14 +110,18 @@ class BucketPlan:
         while start < len(lengths):
             length = fit(length_buckets, lengths[start])
             rows = min(self.batch_for(length, batch_buckets), len(lengths) - start)
-            chunks.append(Chunk(start, rows, fit(batch_buckets, rows), length))
+            batch = fit(batch_buckets, rows)
+            if self.packing and rows < self.packing.fill * batch and rows >= batch_buckets[0]:
+                # accelerators: several bucket-sized batches rather than one mostly padded (few, large buckets)
+                batch = rows = max(b for b in batch_buckets if b <= rows)
+            chunks.append(Chunk(start, rows, batch, length))
             start += rows
         return chunks
 
     def heads(self) -> list[tuple[int, int]]:
         """(batch, labels) buckets of the vocabulary head (packed: batch = a shape's slots)."""
         if self.packing:
-            shapes = self.full() + [(r, self.packing.width) for _, r in self.continuations()]
+            shapes = self.full() + [(r, w) for _, r, w in self.continuations()]
             batches = sorted({self.packing.slots_for(r, w) for r, w in shapes})
             return [(b, n) for b in batches for n in self.labels]
         batches = sorted(set(self.batches) | set(self.suffix_batches if self.prefix_sharing else ()))

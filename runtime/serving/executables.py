@@ -243,9 +243,12 @@ class Executables:
         self.lazy = lazy  # compile a missing bucket on first use: for one-shot CLI runs, never for serving
         self.shardings = shardings  # runtime.serving.sharding.Layout or None (single device: no sharding at all)
         self.device = device or jax.local_devices()[0]
+        # Abstract parameters (no weights) compile and store, never load or run: a target's executables cannot
+        # be loaded into the compiling process (its devices are compile-only stand-ins).
+        self.compile_only = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(self.state))
         if shardings is not None:
             self.state = shardings.put_state(self.state)  # every parameter placed with its sharding, once
-        elif any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(self.state)):
+        elif self.compile_only:
             self.state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._one_device),
                                       self.state)
         devices = list(shardings.mesh.devices.flat) if shardings is not None else [self.device]
@@ -302,7 +305,9 @@ class Executables:
 
     def load_stored(self, method: str, key: tuple) -> bool:
         """Load a bucket's executable from the store without tracing it; False when it is not there."""
-        compiled = self.store.load(self.fingerprint, method, key) if self.store is not None else None
+        if self.store is None or self.compile_only:
+            return False
+        compiled = self.store.load(self.fingerprint, method, key)
         if compiled is None:
             return False
         with self._lock:

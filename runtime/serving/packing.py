@@ -30,14 +30,16 @@ from runtime.serving.buckets import fit
 class Packing:
     width: int = 128  # W: rows of short sequences and of continuations
     rows: tuple[int, ...] = (1, 4, 16, 64)  # row-count buckets of W-wide rows
-    narrow: tuple[int, ...] = (16, 24, 32, 48, 64, 96)  # one-row widths below W
+    narrow: tuple[int, ...] = (16, 24, 32, 48, 64, 96)  # one-row widths below W for whole sequences
+    narrow_continuations: tuple[int, ...] = (32, 64)  # one-row widths below W after a shared prefix
     wide_rows: tuple[int, ...] = (1, 8)  # row-count buckets of rows wider than W (each longer length bucket)
     slots: tuple[int, ...] = (4, 16, 64, 256, 1024)  # sequences one device batch reads (the head's batch)
     min_item_tokens: int = 8  # slots per row: width / this (shorter sequences fill fewer tokens of a row)
-    fill: float = 0.75  # round a row count up to a bucket only when the rows are at least this full
+    fill: float = 0.75  # round a row count up to a bucket only when its tokens fill at least this much of it
 
     def fit_to_data_axis(self, data: int) -> "Packing":
-        """Row counts and slots that split over `data` devices (every device batch is split by rows)."""
+        """Row counts and slots that split over `data` devices (every device batch is split by rows); no
+        one-row shapes then."""
         if data == 1:
             return self
 
@@ -54,13 +56,23 @@ class Packing:
         wanted = rows * max(1, width // self.min_item_tokens)
         return fit(self.slots, min(wanted, self.slots[-1]))
 
+    def narrow_widths(self, continuation: bool) -> tuple[int, ...]:
+        """One-row widths below W (single device only: a sharded batch has at least a row per device)."""
+        if self.min_rows != 1:
+            return ()
+        return tuple(w for w in (self.narrow_continuations if continuation else self.narrow) if w < self.width)
+
     def full_shapes(self, lengths: tuple[int, ...]) -> list[tuple[int, int]]:
         """(rows, width) of whole-sequence device batches; `lengths` are the length buckets (the longest one is
         the longest sequence served)."""
-        shapes = [(self.min_rows, w) for w in self.narrow if w < self.width and w < lengths[-1]]
+        shapes = [(1, w) for w in self.narrow_widths(False) if w < lengths[-1]]
         shapes += [(r, self.width) for r in self.rows]
         shapes += [(r, w) for w in lengths if w > self.width for r in self.wide_rows]
         return shapes
+
+    def continuation_shapes(self) -> list[tuple[int, int]]:
+        """(rows, width) of device batches after a shared prefix (for each context length)."""
+        return [(1, w) for w in self.narrow_widths(True)] + [(r, self.width) for r in self.rows]
 
     def row_width(self, length: int, lengths: tuple[int, ...]) -> int:
         return self.width if length <= self.width else fit(lengths, length)
@@ -100,42 +112,33 @@ def first_fit(lengths: list[int], order: list[int], width: int, per_row: int) ->
     return rows
 
 
-def split_rows(count: int, buckets: tuple[int, ...], fill: float) -> list[int]:
-    """Row-count buckets covering `count` rows: the smallest bucket that holds the rest when they fill at least
-    `fill` of it, else the largest bucket the rest fills (several device batches instead of one padded one)."""
-    out = []
-    while count > 0:
-        up = next((b for b in buckets if b >= count), None)
-        if up is not None and count >= fill * up:
-            out.append(up)
-            break
-        down = max(b for b in buckets if b <= count) if count >= buckets[0] else buckets[0]
-        out.append(down)
-        count -= down
-    return out
-
-
 def pack(packing: Packing, lengths: list[int], width: int, row_buckets: tuple[int, ...],
-         narrow: bool = False) -> list[Pack]:
-    """Sequences of these lengths (each at most `width`) as device batches of `width`-wide rows; `narrow`: a
-    single row's worth may take a narrower row."""
+         narrow: tuple[int, ...] = ()) -> list[Pack]:
+    """Sequences of these lengths (each at most `width`) as device batches of `width`-wide rows. Row counts are
+    buckets: the rest of the rows in one bucket when their tokens fill at least `fill` of it, else the largest
+    bucket they fill (several device batches rather than one padded one). A batch of one row may take a
+    `narrow` width (first fit leaves the emptiest rows last)."""
     if not lengths:
         return []
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     per_row = max(1, min(packing.slots_for(b, width) // b for b in row_buckets))
     rows = first_fit(lengths, order, width, per_row)
-    if narrow and len(rows) == 1 and packing.min_rows == 1:
-        used = sum(lengths[i] for i in rows[0])
-        choices = [w for w in packing.narrow if w < width]
-        if used <= (choices[-1] if choices else 0):
-            w = fit(tuple(choices), used)
-            return [Pack(1, w, packing.slots_for(1, w), rows)] if len(rows[0]) <= packing.slots_for(1, w) \
-                else [Pack(1, width, packing.slots_for(1, width), rows)]
+    used = [sum(lengths[i] for i in row) for row in rows]
     packs, start = [], 0
-    for bucket in split_rows(len(rows), row_buckets, packing.fill):
-        members = rows[start: start + bucket]
-        packs.append(Pack(bucket, width, packing.slots_for(bucket, width), members))
-        start += len(members)
+    while start < len(rows):
+        rest = len(rows) - start
+        up = next((b for b in row_buckets if b >= rest), None)
+        if up is not None and sum(used[start:]) >= packing.fill * up * width:
+            take = bucket = up
+        else:
+            bucket = max((b for b in row_buckets if b <= rest), default=row_buckets[0])
+            take = min(bucket, rest)
+        members = rows[start: start + take]
+        w = width
+        if bucket == 1:  # the narrowest row that holds it, slots included
+            w = next((n for n in narrow if used[start] <= n and len(members[0]) <= packing.slots_for(1, n)), width)
+        packs.append(Pack(bucket, w, packing.slots_for(bucket, w), members))
+        start += take
     return packs
 
 
@@ -148,7 +151,8 @@ def pack_full(packing: Packing, lengths: list[int], length_buckets: tuple[int, .
     packs = []
     for width, indices in sorted(groups.items()):
         buckets = packing.rows if width == packing.width else packing.wide_rows
-        for p in pack(packing, [lengths[i] for i in indices], width, buckets, narrow=width == packing.width):
+        narrow = packing.narrow_widths(False) if width == packing.width else ()
+        for p in pack(packing, [lengths[i] for i in indices], width, buckets, narrow):
             p.members = [[indices[i] for i in row] for row in p.members]
             packs.append(p)
     return packs
@@ -156,7 +160,7 @@ def pack_full(packing: Packing, lengths: list[int], length_buckets: tuple[int, .
 
 def pack_continuations(packing: Packing, lengths: list[int]) -> list[Pack]:
     """Items after a shared prefix (each at most W tokens) into W-wide rows."""
-    return pack(packing, lengths, packing.width, packing.rows)
+    return pack(packing, lengths, packing.width, packing.rows, packing.narrow_widths(True))
 
 
 def arrays(p: Pack, sequences: list, start: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,

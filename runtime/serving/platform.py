@@ -29,7 +29,7 @@ log = logging.getLogger("scorefn.runtime")
 DEFAULT_BUCKETS = {
     # backend -> (batch buckets, suffix batch buckets, max tokens of one bucket, completion batch buckets)
     "cpu": ((1, 2, 4, 8, 16, 32), (8, 32), 16384, (1, 8)),
-    "accelerator": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (8, 32, 128, 256, 512), 65536, (1, 8, 64)),
+    "accelerator": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (8, 32, 128, 256, 512), 65536, (1, 16)),
 }
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head sizes that are multiples of 8 up to this (the probe checks)
 

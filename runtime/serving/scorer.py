@@ -85,12 +85,8 @@ class Scorer:
 
     # ---- warm-up --------------------------------------------------------------------------------------
 
-    def compile_all(self, progress: Callable[[int, str, float], None] | None = None,
-                    timings: dict[tuple, float] | None = None) -> int:
-        """Compile every bucket once (from the executable store, else through the persistent cache).
-        Returns how many buckets there are; `progress(done, name, seconds)` after each one; `timings`, when
-        given, gets each (entry point, bucket)'s seconds."""
-        timings = {} if timings is None else timings
+    def work(self) -> list[tuple[str, tuple, tuple]]:
+        """Every (entry point, bucket, argument shapes) this scorer's plan compiles."""
         p, D = self.plan, self.hidden_size
         kv_shape = lambda c: (self.cfg.num_layers, c, self.cfg.num_kv_heads, self.cfg.head_dim)
         kv_dtype = self.attention_dtype
@@ -100,9 +96,9 @@ class Scorer:
             def rows(r, w):  # tokens, positions, segments [r, w]; last_index [slots]
                 return spec((r, w)), spec((r, w)), spec((r, w)), spec((p.packing.slots_for(r, w),))
             work += [("hidden_packed", (r, w), rows(r, w)) for r, w in p.full()]
-            work += [("hidden_packed_after_context", (c, r),
-                      (spec(kv_shape(c), kv_dtype), spec(kv_shape(c), kv_dtype), spec(()), *rows(r, p.packing.width)))
-                     for c, r in p.continuations()]
+            work += [("hidden_packed_after_context", (c, r, w),
+                      (spec(kv_shape(c), kv_dtype), spec(kv_shape(c), kv_dtype), spec(()), *rows(r, w)))
+                     for c, r, w in p.continuations()]
         else:
             work += [("hidden", (b, t), (spec((b, t)), spec((b,)))) for b, t in p.full()]
             work += [("hidden_after_context", (c, b, s),
@@ -115,8 +111,17 @@ class Scorer:
         else:
             work += [("class_logits", (b,), (spec((b, D), np.float32),))
                      for b in sorted({b for b, _ in p.heads()})]
-        if self.exe.store is not None and (miss := self.exe.store.explain_miss(self.exe.fingerprint,
-                                                                              self.exe.fingerprint_parts)):
+        return work
+
+    def compile_all(self, progress: Callable[[int, str, float], None] | None = None,
+                    timings: dict[tuple, float] | None = None) -> int:
+        """Compile every bucket once (from the executable store, else through the persistent cache).
+        Returns how many buckets there are; `progress(done, name, seconds)` after each one; `timings`, when
+        given, gets each (entry point, bucket)'s seconds."""
+        timings = {} if timings is None else timings
+        work = self.work()
+        if self.exe.store is not None and not self.exe.compile_only and (
+                miss := self.exe.store.explain_miss(self.exe.fingerprint, self.exe.fingerprint_parts)):
             (log.info if "nothing stored yet" in miss else log.warning)(miss)
         # Executables in the store load without tracing. Tracing holds the GIL, so it runs here one bucket at a
         # time; XLA compiles (or loads from the persistent cache) in a pool meanwhile, on every core.
@@ -281,7 +286,7 @@ class Scorer:
             packs = p.split_suffixes([len(row.tokens) for row in rows])
             self.prefix_batches += len(packs)
             return self._dispatch_packed(rows, jobs, packs, "hidden_packed_after_context",
-                                         lambda pack: (context, pack.rows), ctx_k, ctx_v, np.int32(shared),
+                                         lambda pack: (context, pack.rows, pack.width), ctx_k, ctx_v, np.int32(shared),
                                          start=shared)
         out = []
         for chunk, batch_rows in self._batches(rows, p.split_suffixes):
