@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 # A venv made exactly as `make serve` makes one, for the serve-only check `make test` runs first.
 SERVE_VENV ?= .venv-serve
+# The accelerator plugins (the aot extra) for deviceless GPU/TPU compiles in tests/aot: a venv of their own.
+AOT_VENV ?= .venv-aot
 PY := $(VENV)/bin/python
 PORT ?= 8080
 export PORT
@@ -10,7 +12,7 @@ export PORT
 SCOREFN_CACHE_DIR ?= $(CURDIR)/.cache/scorefn
 export SCOREFN_CACHE_DIR
 
-.PHONY: serve serve-check test bench loadtest warmup setup setup-test clean
+.PHONY: serve serve-check test bench loadtest warmup setup setup-test setup-aot clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +29,11 @@ $(VENV)/.test-installed: pyproject.toml $(VENV)/.serve-installed
 	PYTHON=$(PYTHON) bash infra/tools/install-checkov.sh  # its own venv: its pins clash with pytest's
 	touch $@
 
+$(AOT_VENV)/.aot-installed: pyproject.toml
+	$(PYTHON) -m venv $(AOT_VENV)
+	$(AOT_VENV)/bin/python -m pip install --quiet -e '.[aot]'
+	touch $@
+
 $(SCOREFN_CACHE_DIR)/.prepared: $(VENV)/.serve-installed
 	$(VENV)/bin/scorefn prepare
 	touch $@
@@ -34,6 +41,8 @@ $(SCOREFN_CACHE_DIR)/.prepared: $(VENV)/.serve-installed
 setup: $(VENV)/.serve-installed $(SCOREFN_CACHE_DIR)/.prepared
 
 setup-test: setup $(VENV)/.test-installed
+
+setup-aot: $(AOT_VENV)/.aot-installed
 
 serve: setup
 	exec $(VENV)/bin/scorefn serve
@@ -47,7 +56,7 @@ serve-check:
 	$(MAKE) --no-print-directory setup VENV=$(SERVE_VENV)
 	$(SERVE_VENV)/bin/python scripts/serve_check.py
 
-test: serve-check setup-test
+test: serve-check setup-test setup-aot
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup-test
@@ -57,4 +66,4 @@ loadtest: setup-test
 	$(PY) -m loadtests.run $(LOADTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) .cache .pytest_cache
+	rm -rf $(VENV) $(SERVE_VENV) $(AOT_VENV) .cache .pytest_cache

@@ -52,8 +52,11 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
     plan = bucket_plan(settings, platform)
     if cfg.task != "causal_lm":  # no language-model head: no per-position log-probabilities
         plan = dataclasses.replace(plan, completion_batches=())
-    platform = platforms.fit_to_model(platform, cfg, plan.max_length, explicit=settings.attention == "cudnn",
-                                      probe=probe and arrays is not None)
+    # SCOREFN_MESH; a bad layout (MeshError) stops the start here, before any compilation.
+    layout = build_layout(settings.mesh, cfg, plan, devices)
+    explicit = settings.attention == "cudnn"
+    platform = platforms.fit_to_model(platform, cfg, plan.max_length, explicit, probe=probe and arrays is not None)
+    platform = platforms.fit_to_layout(platform, layout, explicit)
     log.info("platform %s", platform.describe())
 
     def model() -> Llama:
@@ -67,8 +70,6 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
         return nnx.eval_shape(lambda a: Llama(cfg, a, platform.dtype, platform.kernels, plan.max_length), shapes)
 
     store = ExecutableStore(Path(settings.xla_cache_dir) / "executables")
-    # SCOREFN_MESH; a bad layout (MeshError) stops the start here, before any compilation.
-    layout = build_layout(settings.mesh, cfg, plan, devices)
     if layout is None or arrays is None:  # one device (the unsharded runtime), or nothing to place
         built = model()
     else:

@@ -29,9 +29,9 @@ from runtime.serving.buckets import fit
 @dataclasses.dataclass(frozen=True)
 class Packing:
     width: int = 128  # W: rows of short sequences and of continuations
-    rows: tuple[int, ...] = (1, 4, 16, 64)  # row-count buckets of W-wide rows
+    rows: tuple[int, ...] = (1, 2, 4, 16, 64)  # row-count buckets of W-wide rows
     narrow: tuple[int, ...] = (16, 24, 32, 48, 64, 96)  # one-row widths below W for whole sequences
-    narrow_continuations: tuple[int, ...] = (32, 64)  # one-row widths below W after a shared prefix
+    narrow_continuations: tuple[int, ...] = (32,)  # one-row widths below W after a shared prefix
     wide_rows: tuple[int, ...] = (1, 8)  # row-count buckets of rows wider than W (each longer length bucket)
     slots: tuple[int, ...] = (4, 16, 64, 256, 1024)  # sequences one device batch reads (the head's batch)
     min_item_tokens: int = 8  # slots per row: width / this (shorter sequences fill fewer tokens of a row)

@@ -149,6 +149,21 @@ def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit
         kernels, attention="xla", attention_dtype=attention_dtype(platform.backend, platform.dtype, "xla")))
 
 
+def fit_to_layout(platform: Platform, layout, explicit: bool) -> Platform:
+    """cuDNN attention on a mesh needs queries, keys and values split alike (its partitioner refuses otherwise): a
+    model axis that splits the query heads but not the KV heads runs XLA attention instead."""
+    if platform.kernels.attention != "cudnn" or layout is None or not layout.parts["attention"] or layout.parts["kv"]:
+        return platform
+    problem = (f"the mesh splits the query heads over {layout.model} devices but not the KV heads, and cuDNN "
+               f"attention needs both split alike")
+    if explicit:
+        raise ValueError(f"SCOREFN_ATTENTION=cudnn cannot run this model on this mesh: {problem}")
+    log.warning("attention falls back to XLA: %s", problem)
+    kernels = platform.kernels
+    return dataclasses.replace(platform, kernels=dataclasses.replace(
+        kernels, attention="xla", attention_dtype=attention_dtype(platform.backend, platform.dtype, "xla")))
+
+
 def cudnn_probe(cfg: ModelConfig, dtype: str) -> str | None:
     """Run both attention calls the model makes through cuDNN and XLA on small random inputs of this model's
     head layout; None when cuDNN runs them and agrees, else what went wrong."""

@@ -96,6 +96,11 @@ def cmd_settings(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.roofline:
+        from runtime.serving.targets import parse_target
+
+        if parse_target(args.roofline).backend != "cpu":
+            os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only devices; the process runs on the CPU
     from runtime.tools.bench import main as bench_main
 
     return bench_main(args)
@@ -158,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also time the default bucket set's warm-up, cold and from the persistent cache")
     bench.add_argument("--skip-http", action="store_true", help="skip W3 (concurrent HTTP clients)")
     bench.add_argument("--skip-torch", action="store_true", help="skip the transformers baseline")
+    bench.add_argument("--roofline", metavar="TARGET", help="no device needed: each workload's device batches, padded "
+                       "tokens and device time at TARGET's peak (upper bounds), grid and packed buckets")
     bench.add_argument("--json-out", help="also write the full report as JSON to this file")
     bench.set_defaults(func=cmd_bench)
     return parser
