@@ -51,10 +51,30 @@ def test_accelerator_arg_selects_existing_jax_extras() -> None:
     extras = pyproject["project"]["optional-dependencies"]
     assert any(a.startswith("ACCELERATOR=cpu") for a in args_of("ARG"))
     text = CONTAINERFILE.read_text()
+    jaxlib = next(dep for dep in extras["aot"] if dep.startswith("jaxlib=="))
     for accelerator in ("cuda12", "tpu"):
         assert accelerator in text
-        assert any(dep.replace(" ", "") == f"jax[{accelerator}]" for dep in extras[accelerator]), accelerator
+        # Pinned to jaxlib's exact version, as the deviceless compile's plugins are: executables baked by another
+        # build of the plugin or libtpu do not load.
+        assert f"jax[{accelerator}]=={jaxlib.removeprefix('jaxlib==')}" in extras[accelerator], accelerator
+        assert jaxlib in extras[accelerator], accelerator
     assert "cuda12|tpu)" in text, "the case statement maps cuda12/tpu to the scorefn extra of that name"
+
+
+def test_accelerator_images_bake_their_targets_executables() -> None:
+    """cuda12/tpu images compile every bucket for their TARGET at build time, without the device; the default
+    targets are the devices infra/ deploys them on (Cloud Run's L4, the GKE overlay's v5e 2x2 slice)."""
+    from runtime.serving.targets import parse_target
+
+    stage = final_stage()
+    assert any(rest.startswith("TARGET") for kw, rest in stage if kw == "ARG")
+    bake = next(i for i, (kw, rest) in enumerate(stage) if kw == "RUN" and "scorefn compile --target" in rest)
+    assert "USER" in [kw for kw, _ in stage[:bake]], "the store belongs to the runtime user"
+    defaults = dict(re.findall(r'(\w+)\) target="\$\{TARGET:-([^}]+)\}"', stage[bake][1]))
+    assert defaults.keys() == {"cuda12", "tpu"}
+    assert parse_target(defaults["cuda12"]).chip.device_kind == "NVIDIA L4"
+    tpu = parse_target(defaults["tpu"])
+    assert tpu.chip.tpu_generation == "v5e" and tpu.shape == (2, 2)
 
 
 def test_entrypoint_is_scorefn_serve_in_exec_form() -> None:
@@ -124,4 +144,4 @@ def test_make_serve_runs_the_image_entrypoint() -> None:
     assert "$(VENV)/bin/scorefn serve" in serve_recipe
     from runtime.tools import serverproc
 
-    assert '"scorefn"' in (REPO / "runtime" / "serverproc.py").read_text() and serverproc.ServerProcess
+    assert '"scorefn"' in (REPO / "runtime" / "tools" / "serverproc.py").read_text() and serverproc.ServerProcess
