@@ -42,36 +42,39 @@ def after_context(q: jax.Array, k: jax.Array, v: jax.Array, ctx_k: jax.Array, ct
                   ctx_len: jax.Array, positions: jax.Array, window: int | None, implementation: str) -> jax.Array:
     """Items' queries q [B, T, N, E] at `positions` [B, T] (>= ctx_len), their own keys k/v [B, T, K, E], and the
     shared context's keys ctx_k/ctx_v [C, K, E] of which the first ctx_len are real -> [B, T, N, E] float32."""
+    B, T, N, E = q.shape
     ctx_out, ctx_lse = context(q, ctx_k, ctx_v, ctx_len, positions, window, implementation)
     own_out, own_lse = jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=_left_window(window),
                                                     implementation=implementation, return_residual=True)
-    return merge(ctx_out, ctx_lse, own_out, own_lse)
+    return merge(ctx_out.reshape(B, T, N, E), ctx_lse.reshape(B, T, N), own_out, own_lse)
 
 
 def context(q: jax.Array, ctx_k: jax.Array, ctx_v: jax.Array, ctx_len: jax.Array, positions: jax.Array,
             window: int | None, implementation: str) -> tuple[jax.Array, jax.Array]:
     """Every query q [B, T, N, E] (folded into one query axis) attends the context's first ctx_len keys
-    ctx_k/ctx_v [C, K, E] -> (out [B, T, N, E], log-sum-exp [B, T, N]).
+    ctx_k/ctx_v [C, K, E] -> (out [G, B * T / G, N, E], log-sum-exp [G, B * T / G, N]).
 
     On a device mesh each data shard folds its own rows (G groups, G = the mesh's data axis), so queries, keys and
     values are split alike, as cuDNN's partitioner requires; on one device G = 1."""
     B, T, N, E = q.shape
     C = ctx_k.shape[0]
-    G = _data_groups(B)
+    G = _data_groups(B)  # G = 1 builds exactly the single-device program of before (no broadcast, same reshape)
     folded = _by_group(q.reshape(G, B * T // G, N, E), G)
-    keys = _by_group(jnp.broadcast_to(ctx_k[None], (G, *ctx_k.shape)), G)
-    values = _by_group(jnp.broadcast_to(ctx_v[None], (G, *ctx_v.shape)), G)
+    keys = _by_group(ctx_k[None] if G == 1 else jnp.broadcast_to(ctx_k[None], (G, *ctx_k.shape)), G)
+    values = _by_group(ctx_v[None] if G == 1 else jnp.broadcast_to(ctx_v[None], (G, *ctx_v.shape)), G)
     if window is None:
         out, lse = jax.nn.dot_product_attention(
-            folded, keys, values, key_value_seq_lengths=jnp.broadcast_to(ctx_len, (G,)).astype(jnp.int32),
+            folded, keys, values, key_value_seq_lengths=jnp.reshape(ctx_len, (1,)).astype(jnp.int32) if G == 1
+            else jnp.broadcast_to(ctx_len, (G,)).astype(jnp.int32),
             implementation=implementation, return_residual=True)
     else:  # a sliding window shorter than the sequences: which context keys are visible depends on the position
         ctx_pos = jnp.arange(C)
         visible = (ctx_pos < ctx_len) & (ctx_pos[None, :] > positions.reshape(B * T, 1) - window)  # [B*T, C]
         out, lse = jax.nn.dot_product_attention(
-            folded, keys, values, mask=visible.reshape(G, 1, B * T // G, C), implementation=implementation,
+            folded, keys, values, mask=visible[None, None] if G == 1 else visible.reshape(G, 1, B * T // G, C),
+            implementation=implementation,
             return_residual=True)
-    return out.reshape(B, T, N, E), lse.reshape(B, T, N)
+    return out, lse
 
 
 class Packed(NamedTuple):
@@ -97,7 +100,8 @@ def packed(q: jax.Array, k: jax.Array, v: jax.Array, rows: Packed, window: int |
     own_out, own_lse = jax.nn.dot_product_attention(q, k, v, mask=own[:, None], is_causal=True,
                                                     implementation=implementation, return_residual=True)
     ctx_out, ctx_lse = context(q, *rows.context, pos, window, implementation)
-    return merge(ctx_out, ctx_lse, own_out, own_lse)
+    R, W, N, E = q.shape
+    return merge(ctx_out.reshape(R, W, N, E), ctx_lse.reshape(R, W, N), own_out, own_lse)
 
 
 def _data_groups(rows: int) -> int:

@@ -278,8 +278,9 @@ class Executables:
         """Trace `method` for the given argument shapes (Python-bound: one thread at a time)."""
         if self.shardings is None:
             jitted = jax.jit(self._entry(method))
-            example_args = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._one_device)
-                                 for a in example_args)
+            if self.device != jax.local_devices()[0]:  # a compile-only device: the arguments live there
+                example_args = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._one_device)
+                                     for a in example_args)
         else:
             jitted = self.shardings.jit(self._entry(method), method, self.state, example_args)
         # Traced under the mesh (sharded): runtime.model.attention groups rows by its data axis.

@@ -69,6 +69,8 @@ def sharded(embedded_dir, cache_dir, tmp_path_factory):
         model_dir = tmp_path_factory.mktemp(name)
         tiny_checkpoint(family, model_dir, **overrides)
         jobs[name] = {"model_dir": str(model_dir), "settings": TINY_BUCKETS, "requests": requests(128)}
+    # The accelerators' packed buckets, sharded: row counts fitted to the data axis, the cascade grouped by it.
+    jobs["qwen3_packed"] = {**jobs["qwen3"], "settings": {**TINY_BUCKETS, "bucket_layout": "packed"}}
     spec = {"cache_dir": str(cache_dir), "xla_dir": str(tmp_path_factory.mktemp("xla")), "meshes": MESHES,
             "jobs": jobs}
     results, log = run_worker(spec)
@@ -78,7 +80,7 @@ def sharded(embedded_dir, cache_dir, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh", MESHES[1:])
-@pytest.mark.parametrize("job", ["embedded", *TINY_CASES])
+@pytest.mark.parametrize("job", ["embedded", *TINY_CASES, "qwen3_packed"])
 def test_meshes_score_like_one_device(sharded, job, mesh):
     _, results, _ = sharded
     reference, ours = results["jobs"][job]["1x1"], results["jobs"][job][mesh]
@@ -96,6 +98,8 @@ def test_meshes_score_like_one_device(sharded, job, mesh):
     assert ours["compiles"] == ours["buckets"] == ours["cache_misses"] + ours["cache_hits"]
     assert ours["compiles_while_scoring"] == 0
     assert ours["ran"] == (["hidden", "label_logprobs", "token_logprobs"] if job == "embedded" else
+                           ["hidden_packed", "hidden_packed_after_context", "label_logprobs", "prefill_context",
+                            "token_logprobs"] if job == "qwen3_packed" else
                            ["hidden", "hidden_after_context", "label_logprobs", "prefill_context", "token_logprobs"])
 
 
