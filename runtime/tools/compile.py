@@ -56,6 +56,17 @@ def device_bytes(row: dict) -> int:
         - (row["alias_bytes"] or 0)
 
 
+def memory_problems(rows: list[dict], target) -> list[str]:
+    """One message per executable that needs more memory than one device of `target` offers."""
+    limit = target.usable_memory()
+    if limit is None:
+        return []
+    return [f"bucket {row['method']}{tuple(row['bucket'])} needs {device_bytes(row) / 1e9:.2f} GB on one "
+            f"{target.chip.device_kind} (arguments {(row['argument_bytes'] or 0) / 1e9:.2f}, outputs "
+            f"{(row['output_bytes'] or 0) / 1e9:.2f}, temporaries {(row['temp_bytes'] or 0) / 1e9:.2f} GB), more "
+            f"than the {limit / 1e9:.2f} GB usable" for row in rows if device_bytes(row) > limit]
+
+
 def compile_target(target_name: str, settings, json_out: str | None = None) -> dict:
     from runtime.model.config import load_config
     from runtime.serving.compose import compose
@@ -77,25 +88,22 @@ def compile_target(target_name: str, settings, json_out: str | None = None) -> d
     rows = [executable_report(method, key, scorer.exe.get(method, key), seconds.get((method, key), 0.0),
                               scorer.exe.stored_bytes.get((method, key), 0)) for method, key in seconds]
     limit = target.usable_memory()
-    too_large = [row for row in rows if limit is not None and device_bytes(row) > limit]
+    problems = memory_problems(rows, target)
     report = {"target": target.name, "device": target.chip.device_kind, "devices": target.device_count,
               "platform": platform.describe(), "fingerprint": scorer.exe.fingerprint,
               "store": str(scorer.exe.store.directory / scorer.exe.fingerprint), "count": len(rows),
               "total_compile_s": round(total, 2), "serialized_bytes": sum(r["serialized_bytes"] for r in rows),
               "largest_temp_bytes": max((r["temp_bytes"] or 0 for r in rows), default=0),
               "device_memory_limit_bytes": limit,
-              "too_large": [f"{r['method']}{tuple(r['bucket'])}" for r in too_large], "executables": rows}
+              "too_large": problems, "executables": rows}
     if json_out:
         Path(json_out).write_text(json.dumps(report, indent=1))
     not_stored = [f"{r['method']}{tuple(r['bucket'])}" for r in rows if not r["serialized_bytes"]]
     if not_stored:
         log.warning("%d executables could not be stored (a start compiles them): %s", len(not_stored),
                     ", ".join(not_stored[:10]))
-    for row in too_large:
-        log.error("bucket %s%s needs %.2f GB on one %s (arguments %.2f, outputs %.2f, temporaries %.2f GB), more "
-                  "than the %.2f GB usable", row["method"], tuple(row["bucket"]), device_bytes(row) / 1e9,
-                  target.chip.device_kind, (row["argument_bytes"] or 0) / 1e9, (row["output_bytes"] or 0) / 1e9,
-                  (row["temp_bytes"] or 0) / 1e9, limit / 1e9)
+    for problem in problems:
+        log.error("%s", problem)
     return report
 
 
@@ -114,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
     summary = {key: value for key, value in report.items() if key != "executables"}
     print(json.dumps(summary), flush=True)
     if report["too_large"]:
-        print(f"scorefn compile: {len(report['too_large'])} bucket(s) exceed the memory of {report['device']}: "
-              f"{', '.join(report['too_large'])}", file=sys.stderr)
+        print(f"scorefn compile: {len(report['too_large'])} bucket(s) exceed the memory of {report['device']}:\n"
+              + "\n".join(report["too_large"]), file=sys.stderr)
         return 1
     return 0

@@ -12,6 +12,7 @@ Prints one JSON line.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -58,7 +59,7 @@ def run(spec: dict) -> dict:
     from runtime.serving.compose import compose
     from runtime.serving.targets import parse_target
     from runtime.settings import load_settings
-    from runtime.tools.compile import executable_report
+    from runtime.tools.compile import executable_report, memory_problems
 
     out = {}
     for case in spec["cases"]:
@@ -83,6 +84,10 @@ def run(spec: dict) -> dict:
             rows.append(row)
         entry = {"platform": platform.describe(), "fingerprint": scorer.exe.fingerprint,
                  "devices": scorer.exe.fingerprint_parts["devices"], "executables": rows}
+        if "memory_fraction" in case:  # the build-time out-of-memory check, against a device made small
+            os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(case["memory_fraction"])
+            entry["memory_problems"] = memory_problems(rows, target)
+            del os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]
         if case.get("start_side"):
             rng = np.random.default_rng(0)
             arrays = {name: (rng.standard_normal(shape) * 0.02).astype(np.float32)

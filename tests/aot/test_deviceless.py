@@ -49,6 +49,8 @@ def deviceless(tmp_path_factory) -> dict:
                       "suffix_batch_buckets": [4]}},
         {"name": "h100_classify", "target": "h100", "config_dir": classify, "methods": ["class_logits"],
          "settings": BUCKETS},
+        {"name": "l4_small", "target": "l4", "config_dir": causal, "methods": ["hidden_packed"], "settings": BUCKETS,
+         "memory_fraction": 1e-6},  # 24 kB usable: the bucket does not fit
         {"name": "h100x4", "target": "h100:4", "config_dir": causal, "settings": {**BUCKETS, "mesh": "4x1"},
          "methods": ["prefill_context", "hidden_packed", "hidden_packed_after_context"]},
         {"name": "tpu", "target": "tpu-v5e", "config_dir": causal, "settings": BUCKETS, "start_side": True},
@@ -107,3 +109,9 @@ def test_sharded_cudnn_programs_serialize(deviceless):
     assert case["devices"][2:] == [4, [4, 1]]
     for method, row in by_method(case).items():
         assert row["attention"] == "cudnn" and row["serialized_bytes"] > 0, method
+
+
+def test_a_bucket_larger_than_the_device_fails_the_build_naming_bucket_and_bytes(deviceless):
+    [problem] = deviceless["l4_small"]["memory_problems"]
+    assert problem.startswith("bucket hidden_packed(1, 16) needs ") and "on one NVIDIA L4" in problem
+    assert "temporaries" in problem and "GB usable" in problem
