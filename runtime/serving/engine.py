@@ -12,7 +12,6 @@ import logging
 import queue
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -26,7 +25,6 @@ from runtime.tasks.rerankers import Reranker, build_rerankers
 from runtime.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from runtime.serving.platform import Platform
     from runtime.serving.scorer import Job, TokenJob
 
 log = logging.getLogger("scorefn.runtime")

@@ -140,7 +140,8 @@ class ExecutableStore:
             theirs = json.loads(manifests[0].read_text())
         except (OSError, json.JSONDecodeError):
             theirs = {}
-        differences = [_difference(key, theirs.get(key), ours.get(key)) for key in ours if theirs.get(key) != ours.get(key)]
+        differences = [_difference(key, theirs.get(key), ours.get(key))
+                       for key in ours if theirs.get(key) != ours.get(key)]
         return (f"executable store: no executables for this start's fingerprint {fingerprint}; the newest stored set "
                 f"({manifests[0].parent.name}, of {len(manifests)}) differs in {'; '.join(differences) or 'nothing'}; "
                 f"compiling every bucket")
