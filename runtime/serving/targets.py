@@ -89,6 +89,9 @@ class Target:
         if self.backend == "cpu":
             return jax.devices("cpu")[: self.device_count]
         if self.backend == "tpu":
+            # Compile-only: no chip to guard, so several processes may load libtpu at once (its lockfile would
+            # refuse a second compiling process on the build host).
+            os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
             # libtpu 0.0.42 assumes a host of 2x2 chips unless told: one host holds the whole slice here.
             topology = f"{self.chip.tpu_generation}:{'x'.join(map(str, self.shape))}"
             bounds = (*self.shape, 1) if len(self.shape) == 2 else self.shape
