@@ -10,11 +10,12 @@ per width (a device batch larger than one bucket is split into several, a smalle
 that pads at most 1 - `fill` of it), and a slot count M per shape: the rows' last tokens are gathered into
 [M, D] for the label head.
 
-Shapes, by default (runtime.serving.platform):
-- full sequences up to W tokens: rows of W = 128, R in 1, 4, 16, 64; a single row of 16 ... 96 tokens for a few
-  short sequences (single-item latency: 23 tokens run in 24, not 32);
+Shapes, by default (runtime.serving.platform; 78 executables with the default settings, heads included):
+- full sequences up to W tokens: rows of W = 128, R in 1, 2, 4, 16, 64; a single row of 16 ... 96 tokens for a
+  few short sequences (single-item latency: 23 tokens run in 24, not 32);
 - longer sequences: rows of each longer length bucket (256 ... 2048), R in 1, 8;
-- continuations after a shared prefix (items up to W tokens): for each context length, rows of W, R in 1, 4, 16, 64.
+- continuations after a shared prefix (items up to W tokens): for each context length, rows of W (R in 1, 2, 4,
+  16, 64) or a single row of 32.
 """
 
 from __future__ import annotations
@@ -184,9 +185,3 @@ def arrays(p: Pack, sequences: list, start: int = 0) -> tuple[np.ndarray, np.nda
             order.append(i)
             offset += n
     return tokens, positions, segments, last, order
-
-
-def overhead(packs: list[Pack], lengths: list[int]) -> float:
-    """Tokens computed / real tokens."""
-    return sum(p.padded_tokens for p in packs) / max(1, sum(lengths))
-
