@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 # A venv made exactly as `make serve` makes one, for the serve-only check `make test` runs first.
 SERVE_VENV ?= .venv-serve
+# The accelerator plugins (the aot extra) for deviceless GPU/TPU compiles in tests/aot: a venv of their own.
+AOT_VENV ?= .venv-aot
 PY := $(VENV)/bin/python
 PORT ?= 8080
 export PORT
@@ -18,7 +20,7 @@ TORCH_FIND_LINKS ?= $(if $(wildcard /opt/wheels/torch-*),/opt/wheels,https://dow
 export TORCH_FIND_LINKS
 SYNC = $(UV) pip sync --quiet --require-hashes --python $(PY)
 
-.PHONY: serve serve-check test bench loadtest warmup setup setup-test lock image-check clean
+.PHONY: serve serve-check test bench loadtest warmup setup setup-test setup-aot lock image-check clean
 
 $(UV): lock/uv.txt
 	$(PYTHON) -m venv $(UV_VENV)
@@ -41,6 +43,11 @@ $(VENV)/.test-installed: lock/test.txt lock/checkov.txt $(VENV)/.serve-installed
 	UV=$(UV) bash infra/tools/install-checkov.sh  # its own venv: its pins clash with pytest's
 	touch $@
 
+$(AOT_VENV)/.aot-installed: pyproject.toml
+	$(PYTHON) -m venv $(AOT_VENV)
+	$(AOT_VENV)/bin/python -m pip install --quiet -e '.[aot]'
+	touch $@
+
 $(SCOREFN_CACHE_DIR)/.prepared: $(VENV)/.serve-installed
 	$(VENV)/bin/scorefn prepare
 	touch $@
@@ -48,6 +55,8 @@ $(SCOREFN_CACHE_DIR)/.prepared: $(VENV)/.serve-installed
 setup: $(VENV)/.serve-installed $(SCOREFN_CACHE_DIR)/.prepared
 
 setup-test: setup $(VENV)/.test-installed
+
+setup-aot: $(AOT_VENV)/.aot-installed
 
 serve: setup
 	exec $(VENV)/bin/scorefn serve
@@ -61,7 +70,7 @@ serve-check:
 	$(MAKE) --no-print-directory setup VENV=$(SERVE_VENV)
 	$(SERVE_VENV)/bin/python scripts/serve_check.py
 
-test: serve-check setup-test
+test: serve-check setup-test setup-aot
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup-test
@@ -79,4 +88,4 @@ image-check:
 	$(PYTHON) scripts/image_check.py
 
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) $(UV_VENV) .venv-checkov .cache .pytest_cache
+	rm -rf $(VENV) $(SERVE_VENV) $(AOT_VENV) $(UV_VENV) .venv-checkov .cache .pytest_cache

@@ -103,6 +103,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("completion_batch_buckets", "auto", _auto(_csv_ints),
             "Batch sizes compiled for per-position log-probabilities (/v1/completions). "
             "auto: 1,8 on CPU; 1,8,64 on GPU and TPU."),
+    Setting("bucket_layout", "auto", _choice("auto", "grid", "packed"),
+            "grid: one executable per (batch, length) and per (context, batch, item length); packed: several "
+            "sequences per row, buckets by row count (about 70 executables instead of about 300). auto: grid on CPU, "
+            "packed on GPU and TPU."),
     Setting("prefix_sharing", "true", _bool,
             "Compute a request's longest common token prefix once and score items against its keys/values."),
     Setting("batch_wait_ms", "2", float,
@@ -152,6 +156,7 @@ class Settings:
     suffix_length_buckets: tuple[int, ...]
     suffix_batch_buckets: tuple[int, ...] | None
     completion_batch_buckets: tuple[int, ...] | None
+    bucket_layout: str  # auto | grid | packed
     prefix_sharing: bool
     batch_wait_ms: float
     max_items: int

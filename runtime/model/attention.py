@@ -9,23 +9,30 @@ Two shapes of work:
   attend their own keys causally; the two partial softmaxes are merged exactly through their log-sum-exps.
   The context is never copied per item.
 
+- `packed`: rows holding several sequences each (accelerators' buckets), causal within each sequence, with or
+  without a shared context before them.
+
 `window` is None (no sliding window), a Python int (every layer slides: Mistral, Phi-3), or a traced int32 scalar
 read per layer from the scanned layer data (Gemma 2/3: global layers carry a window longer than any sequence), in
 which case the mask is built from positions. A key k is visible from query q when q - window < k <= q.
 
 Soft-capping (Gemma 2: scores -> cap * tanh(scores / cap) before the mask and softmax) is something neither cuDNN
-nor jax.nn.dot_product_attention can express, so `softcap` runs `_softcapped`: materialized float32 scores, the
-same masks, and the log-sum-exp the cascade merges with (runtime.serving.platform keeps cuDNN off such models).
+nor jax.nn.dot_product_attention can express, so `softcap` runs `_softcapped` on every path (whole rows, the
+cascade's two parts, packed rows): materialized float32 scores, the same masks, and the log-sum-exp the cascade
+merges with (runtime.serving.platform keeps cuDNN off such models).
 
-Shapes: B batch, T query tokens, C context tokens, N query heads, K KV heads, E head dim.
+Shapes: B batch, T query tokens, C context tokens, N query heads, K KV heads, E head dim, R rows of W tokens.
 Softmax and log-sum-exp run in float32 whatever the input dtype; the merge is float32.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 F32 = jnp.float32
 MASKED = -1e30  # a masked score: finite, so a query that sees no key of one part still merges to a finite value
@@ -79,28 +86,12 @@ def after_context(q: jax.Array, k: jax.Array, v: jax.Array, ctx_k: jax.Array, ct
     """Items' queries q [B, T, N, E] at `positions` [B, T] (>= ctx_len), their own keys k/v [B, T, K, E], and the
     shared context's keys ctx_k/ctx_v [C, K, E] of which the first ctx_len are real -> [B, T, N, E] float32."""
     B, T, N, E = q.shape
-    C = ctx_k.shape[0]
-    folded = q.reshape(1, B * T, N, E)
-    ctx_pos = jnp.arange(C)
+    ctx_out, ctx_lse = context(q, ctx_k, ctx_v, ctx_len, positions, window, implementation, scale, softcap)
     own_pos = jnp.arange(T)
     own_mask = _visible(own_pos[:, None], own_pos[None, :], window)[None]  # [1, T, T]
-    if window is None:
-        ctx_visible = jnp.broadcast_to(ctx_pos < ctx_len, (1, B * T, C))
-    else:  # a sliding window shorter than the sequences: which context keys are visible depends on the position
-        ctx_visible = ((ctx_pos < ctx_len) & (ctx_pos[None, :] > positions.reshape(B * T, 1) - window))[None]
     if softcap is not None:
-        ctx_out, ctx_lse = _softcapped(folded, ctx_k[None], ctx_v[None], ctx_visible, scale, softcap)
         own_out, own_lse = _softcapped(q, k, v, own_mask, scale, softcap)
-        return merge(ctx_out.reshape(B, T, N, E), ctx_lse.reshape(B, T, N), own_out, own_lse)
-    if window is None:
-        ctx_out, ctx_lse = jax.nn.dot_product_attention(
-            folded, ctx_k[None], ctx_v[None], key_value_seq_lengths=jnp.reshape(ctx_len, (1,)).astype(jnp.int32),
-            scale=scale, implementation=implementation, return_residual=True)
-    else:
-        ctx_out, ctx_lse = jax.nn.dot_product_attention(
-            folded, ctx_k[None], ctx_v[None], mask=ctx_visible[:, None], scale=scale, implementation=implementation,
-            return_residual=True)
-    if window is None or isinstance(window, int):
+    elif window is None or isinstance(window, int):
         own_out, own_lse = jax.nn.dot_product_attention(
             q, k, v, is_causal=True, local_window_size=_left_window(window), scale=scale,
             implementation=implementation, return_residual=True)
@@ -108,6 +99,82 @@ def after_context(q: jax.Array, k: jax.Array, v: jax.Array, ctx_k: jax.Array, ct
         own_out, own_lse = jax.nn.dot_product_attention(q, k, v, mask=own_mask[:, None], scale=scale,
                                                         implementation=implementation, return_residual=True)
     return merge(ctx_out.reshape(B, T, N, E), ctx_lse.reshape(B, T, N), own_out, own_lse)
+
+
+def context(q: jax.Array, ctx_k: jax.Array, ctx_v: jax.Array, ctx_len: jax.Array, positions: jax.Array,
+            window, implementation: str, scale: float | None = None,
+            softcap: float | None = None) -> tuple[jax.Array, jax.Array]:
+    """Every query q [B, T, N, E] (folded into one query axis) at `positions` [B, T] attends the context's first
+    ctx_len keys ctx_k/ctx_v [C, K, E] -> (out [G, B * T / G, N, E], log-sum-exp [G, B * T / G, N]).
+
+    On a device mesh each data shard folds its own rows (G groups, G = the mesh's data axis), so queries, keys and
+    values are split alike, as cuDNN's partitioner requires; on one device G = 1."""
+    B, T, N, E = q.shape
+    C = ctx_k.shape[0]
+    G = _data_groups(B)  # G = 1 builds exactly the single-device program of before (no broadcast, same reshape)
+    folded = _by_group(q.reshape(G, B * T // G, N, E), G)
+    keys = _by_group(ctx_k[None] if G == 1 else jnp.broadcast_to(ctx_k[None], (G, *ctx_k.shape)), G)
+    values = _by_group(ctx_v[None] if G == 1 else jnp.broadcast_to(ctx_v[None], (G, *ctx_v.shape)), G)
+    ctx_pos = jnp.arange(C)
+    if window is None:
+        visible = jnp.broadcast_to(ctx_pos < ctx_len, (G, B * T // G, C))
+    else:  # a sliding window shorter than the sequences: which context keys are visible depends on the position
+        visible = (ctx_pos < ctx_len) & (ctx_pos[None, :] > positions.reshape(B * T, 1) - window)  # [B*T, C]
+        visible = visible[None] if G == 1 else visible.reshape(G, B * T // G, C)
+    if softcap is not None:
+        return _softcapped(folded, keys, values, visible, scale, softcap)
+    if window is None:
+        lengths = jnp.reshape(ctx_len, (1,)) if G == 1 else jnp.broadcast_to(ctx_len, (G,))
+        return jax.nn.dot_product_attention(folded, keys, values, key_value_seq_lengths=lengths.astype(jnp.int32),
+                                            scale=scale, implementation=implementation, return_residual=True)
+    return jax.nn.dot_product_attention(folded, keys, values, mask=visible[:, None], scale=scale,
+                                        implementation=implementation, return_residual=True)
+
+
+class Packed(NamedTuple):
+    """Rows holding several sequences (runtime.serving.packing): each token's sequence within its row (segment;
+    -1 for padding) and position [R, W]; `context`: the shared prefix's (keys, values, length) they continue."""
+    segments: jax.Array
+    positions: jax.Array
+    context: tuple[jax.Array, jax.Array, jax.Array] | None = None
+
+
+def packed(q: jax.Array, k: jax.Array, v: jax.Array, rows: Packed, window, implementation: str,
+           scale: float | None = None, softcap: float | None = None) -> jax.Array:
+    """q [R, W, N, E], k/v [R, W, K, E] -> [R, W, N, E] float32: each token attends the earlier tokens of its own
+    sequence (padding tokens attend each other, never a real token), then the shared context if there is one.
+    cuDNN takes the mask as a bias (its flash attention with bias); XLA applies it to the scores."""
+    seg, pos = rows.segments, rows.positions
+    own = (seg[:, :, None] == seg[:, None, :]) & (pos[:, None, :] <= pos[:, :, None])  # [R, queries, keys]
+    if window is not None:
+        own = own & (pos[:, None, :] > pos[:, :, None] - window)
+    if softcap is not None:
+        own_out, own_lse = _softcapped(q, k, v, own, scale, softcap)
+    elif rows.context is None:
+        out = jax.nn.dot_product_attention(q, k, v, mask=own[:, None], is_causal=True, scale=scale,
+                                           implementation=implementation)
+        return out.astype(F32)
+    else:
+        own_out, own_lse = jax.nn.dot_product_attention(q, k, v, mask=own[:, None], is_causal=True, scale=scale,
+                                                        implementation=implementation, return_residual=True)
+    if rows.context is None:
+        return own_out
+    ctx_out, ctx_lse = context(q, *rows.context, pos, window, implementation, scale, softcap)
+    R, W, N, E = q.shape
+    return merge(ctx_out.reshape(R, W, N, E), ctx_lse.reshape(R, W, N), own_out, own_lse)
+
+
+def _data_groups(rows: int) -> int:
+    """The data axis of the mesh being traced for (1 without one): the rows split into that many groups."""
+    mesh = jax.sharding.get_abstract_mesh()
+    data = 1 if mesh.empty else dict(mesh.shape).get("data", 1)
+    return data if data > 1 and rows % data == 0 else 1
+
+
+def _by_group(x: jax.Array, groups: int) -> jax.Array:
+    if groups == 1:
+        return x
+    return jax.lax.with_sharding_constraint(x, P("data", *(P.UNCONSTRAINED,) * (x.ndim - 1)))
 
 
 def merge(out_a: jax.Array, lse_a: jax.Array, out_b: jax.Array, lse_b: jax.Array) -> jax.Array:

@@ -125,8 +125,8 @@ class Llama(nnx.Module):
 
     def _layer(self, h, p, rope, ctx=None):
         """h [B, T, D] float32 -> (h, (k, v)); with a context (ctx_k, ctx_v [C, K, E], ctx_len, positions [B, T]),
-        the queries also attend the context's first ctx_len keys. `rope`: (cos, sin) [B, T, R], and the local
-        (cos, sin) or None."""
+        the queries also attend the context's first ctx_len keys; with an attention.Packed, each row holds several
+        sequences (see _attend). `rope`: (cos, sin) [B, T, R], and the local (cos, sin) or None."""
         cfg = self.cfg
         B, T, _ = h.shape
         x = rms_norm(h, p["attn_norm"], cfg.rms_norm_eps) if cfg.pre_norms else h
@@ -144,12 +144,7 @@ class Llama(nnx.Module):
             cos, sin = jnp.where(p["local_rope"], local[0], cos), jnp.where(p["local_rope"], local[1], sin)
         adt = self.attention_dtype
         q, k, v = rotate(q, cos, sin).astype(adt), rotate(k, cos, sin).astype(adt), v.astype(adt)
-        window = p.get("window", self.window)
-        how = dict(implementation=self.kernels.attention, scale=cfg.attention_scale, softcap=cfg.attention_softcap)
-        if ctx is None:
-            out = attention.causal(q, k, v, window, **how)
-        else:
-            out = attention.after_context(q, k, v, *ctx, window, **how)
+        out = self._attend(q, k, v, p, ctx)
         out = dense(out.reshape(B, T, cfg.num_heads * cfg.head_dim), p["wo"], p.get("bo"))
         h = self._residual(h, out, p.get("attn_post_norm"))
 
@@ -161,6 +156,19 @@ class Llama(nnx.Module):
         h = self._residual(h, y, p.get("mlp_post_norm"))
         return h, (k, v)
 
+    def _attend(self, q, k, v, p, ctx):
+        """Attention of one layer: causal over whole rows (ctx None), after a shared context (ctx: context keys,
+        values, length, positions), or within the sequences packed into rows (an attention.Packed). The window is
+        the layer's own where layers differ (a traced scalar), else the model's (a Python int or None)."""
+        cfg = self.cfg
+        window = p.get("window", self.window)
+        how = dict(implementation=self.kernels.attention, scale=cfg.attention_scale, softcap=cfg.attention_softcap)
+        if ctx is None:
+            return attention.causal(q, k, v, window, **how)
+        if isinstance(ctx, attention.Packed):
+            return attention.packed(q, k, v, ctx, window, **how)
+        return attention.after_context(q, k, v, *ctx, window, **how)
+
     def _residual(self, h, branch, post_norm):
         """h + the branch, normed first where the family norms outputs (Gemma 2/3, OLMo 2), scaled (Granite)."""
         if post_norm is not None:
@@ -169,8 +177,9 @@ class Llama(nnx.Module):
             branch = branch * self.cfg.residual_scale
         return h + branch
 
-    def _run_layers(self, tokens, positions, ctx=None, keep_kv=False, lengths=None):
-        """`lengths` [B]: each row's length, for RoPE types whose frequencies depend on it (None: the first row)."""
+    def _run_layers(self, tokens, positions, ctx=None, keep_kv=False, lengths=None, segments=None):
+        """`lengths`: each row's length [B] (or each token's sequence length [R, W] in packed rows), for RoPE
+        types whose frequencies depend on it (None: the first row). `segments` [R, W]: packed rows."""
         rope = rope_tables(positions, _frequencies(self.inv_freq[...], lengths), self.rope_scaling)
         local = None
         if self.local_inv_freq is not None:
@@ -182,8 +191,10 @@ class Llama(nnx.Module):
         unroll = self.kernels.unroll
 
         if ctx is None:
+            rows = None if segments is None else attention.Packed(segments, positions)
+
             def body(h, p):
-                h, (k, v) = self._layer(h, p, (rope, local))
+                h, (k, v) = self._layer(h, p, (rope, local), rows)
                 return h, ((k[0], v[0]) if keep_kv else None)  # keep_kv only for a batch of one
             return jax.lax.scan(body, h, layers, unroll=unroll)
 
@@ -191,7 +202,9 @@ class Llama(nnx.Module):
 
         def body_ctx(h, xs):
             p, k, v = xs
-            h, _ = self._layer(h, p, (rope, local), (k, v, ctx_len, positions))
+            attend = (k, v, ctx_len, positions) if segments is None else \
+                attention.Packed(segments, positions, (k, v, ctx_len))
+            h, _ = self._layer(h, p, (rope, local), attend)
             return h, None
         return jax.lax.scan(body_ctx, h, (layers, ctx_k, ctx_v), unroll=unroll)
 
@@ -222,6 +235,26 @@ class Llama(nnx.Module):
         positions = ctx_len + jnp.broadcast_to(jnp.arange(T), (B, T))
         h, _ = self._run_layers(tokens, positions, (ctx_k, ctx_v, ctx_len))
         return self._pool(h, last_index)
+
+    def hidden_packed(self, tokens: jax.Array, positions: jax.Array, segments: jax.Array,
+                      last_index: jax.Array) -> jax.Array:
+        """Several whole sequences per row (runtime.serving.packing): tokens, positions (from 0 in each sequence)
+        and segments (-1: padding) [R, W]; last_index [M]: flat indices into R * W of each sequence's last token.
+        Returns the final-normed hidden states there [M, D] float32."""
+        h, _ = self._run_layers(tokens, positions, segments=segments)
+        return self._pool_flat(h, last_index)
+
+    def hidden_packed_after_context(self, ctx_k, ctx_v, ctx_len, tokens, positions, segments,
+                                    last_index) -> jax.Array:
+        """Continuations of a shared prefix packed into rows: as hidden_packed, with positions from ctx_len, and
+        every token also attends the context's first ctx_len keys (ctx_k, ctx_v [Layers, C, K, E])."""
+        h, _ = self._run_layers(tokens, positions, (ctx_k, ctx_v, ctx_len), segments=segments)
+        return self._pool_flat(h, last_index)
+
+    def _pool_flat(self, h: jax.Array, last_index: jax.Array) -> jax.Array:
+        R, W, D = h.shape
+        last = jnp.take(h.reshape(R * W, D), last_index, axis=0)  # [M, D]
+        return rms_norm(last, self.final_norm[...], self.cfg.rms_norm_eps)
 
     def _vocab_head(self) -> jax.Array:
         """The vocabulary projection [V, D]: the embedding when the model ties them."""

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime.serving.packing import Pack, Packing
 
 
 class SequenceTooLong(ValueError):
@@ -34,6 +38,9 @@ class BucketPlan:
     suffix_batches: tuple[int, ...]
     prefix_sharing: bool
     completion_batches: tuple[int, ...] = ()  # per-position log-probabilities (/v1/completions); () for none
+    # Accelerators: sequences packed into rows (runtime.serving.packing) instead of the (batch, length) grids of
+    # batches, suffix_lengths and suffix_batches; None: the grid (CPU).
+    packing: "Packing | None" = None
 
     @property
     def max_length(self) -> int:
@@ -49,17 +56,26 @@ class BucketPlan:
         fitting = [b for b in batches if b * length_bucket <= self.max_tokens]
         return fitting[-1] if fitting else batches[0]
 
+    @property
+    def max_suffix(self) -> int:
+        """The longest item scored after a shared prefix."""
+        return self.packing.width if self.packing else self.suffix_lengths[-1]
+
     def full(self) -> list[tuple[int, int]]:
-        """(batch, length) buckets of whole-sequence scoring."""
+        """(batch, length) buckets of whole-sequence scoring; packed: (rows, width)."""
+        if self.packing:
+            return self.packing.full_shapes(self.lengths)
         return [(b, t) for t in self.lengths for b in self.batches if b <= self.batch_for(t)]
 
     def contexts(self) -> list[int]:
         return [c for c in self.context_lengths if c <= self.max_length] if self.prefix_sharing else []
 
-    def continuations(self) -> list[tuple[int, int, int]]:
-        """(context, batch, length) buckets of scoring after a shared prefix."""
+    def continuations(self) -> list[tuple[int, ...]]:
+        """(context, batch, length) buckets of scoring after a shared prefix; packed: (context, rows, width)."""
         if not self.prefix_sharing:
             return []
+        if self.packing:
+            return [(c, r, w) for c in self.contexts() for r, w in self.packing.continuation_shapes()]
         return [(c, b, s) for c in self.contexts() for s in self.suffix_lengths for b in self.suffix_batches
                 if b <= self.batch_for(s, self.suffix_batches)]
 
@@ -72,12 +88,18 @@ class BucketPlan:
         """Whole sequences of these lengths (longest first), read at every position, as device batches."""
         return self._split(lengths, self.lengths, self.completion_batches)
 
-    def split_full(self, lengths: list[int]) -> list[Chunk]:
+    def split_full(self, lengths: list[int]) -> "list[Chunk] | list[Pack]":
         """Whole sequences of these lengths (longest first) as device batches."""
+        if self.packing:
+            from runtime.serving.packing import pack_full
+            return pack_full(self.packing, lengths, self.lengths)
         return self._split(lengths, self.lengths, self.batches)
 
-    def split_suffixes(self, lengths: list[int]) -> list[Chunk]:
+    def split_suffixes(self, lengths: list[int]) -> "list[Chunk] | list[Pack]":
         """Continuations of these lengths (longest first) after a shared prefix, as device batches."""
+        if self.packing:
+            from runtime.serving.packing import pack_continuations
+            return pack_continuations(self.packing, lengths)
         return self._split(lengths, self.suffix_lengths, self.suffix_batches)
 
     def _split(self, lengths: list[int], length_buckets: tuple[int, ...], batch_buckets: tuple[int, ...]
@@ -88,12 +110,20 @@ class BucketPlan:
         while start < len(lengths):
             length = fit(length_buckets, lengths[start])
             rows = min(self.batch_for(length, batch_buckets), len(lengths) - start)
-            chunks.append(Chunk(start, rows, fit(batch_buckets, rows), length))
+            batch = fit(batch_buckets, rows)
+            if self.packing and rows < self.packing.fill * batch and rows >= batch_buckets[0]:
+                # accelerators: several bucket-sized batches rather than one mostly padded (few, large buckets)
+                batch = rows = max(b for b in batch_buckets if b <= rows)
+            chunks.append(Chunk(start, rows, batch, length))
             start += rows
         return chunks
 
     def heads(self) -> list[tuple[int, int]]:
-        """(batch, labels) buckets of the vocabulary head."""
+        """(batch, labels) buckets of the vocabulary head (packed: batch = a shape's slots)."""
+        if self.packing:
+            shapes = self.full() + [(r, w) for _, r, w in self.continuations()]
+            batches = sorted({self.packing.slots_for(r, w) for r, w in shapes})
+            return [(b, n) for b in batches for n in self.labels]
         batches = sorted(set(self.batches) | set(self.suffix_batches if self.prefix_sharing else ()))
         return [(b, n) for b in batches for n in self.labels]
 
@@ -115,6 +145,6 @@ class Chunk:
         return self.batch * self.length
 
 
-def label_buckets(max_labels: int) -> tuple[int, ...]:
-    buckets = [n for n in (4, 16, 64, 256, 1024, 4096) if n < max_labels]
+def label_buckets(max_labels: int, steps: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    buckets = [n for n in (steps or (4, 16, 64, 256, 1024, 4096)) if n < max_labels]
     return tuple(buckets + [max_labels])

@@ -12,20 +12,19 @@ import logging
 import queue
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from runtime.interface import DeadlineExceeded, EngineFault, QueueFull, ScoreResult, TokenLogprobsResult
-from runtime.serving.buckets import BucketPlan, label_buckets
+from runtime.serving.buckets import BucketPlan
+from runtime.serving.compose import bucket_plan  # noqa: F401 (tests build plans the engine's way)
 from runtime.tasks.classifiers import Classifier, build_classifiers
 from runtime.model.loader import default_model_id
 from runtime.tasks.rerankers import Reranker, build_rerankers
 from runtime.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from runtime.serving.platform import Platform
     from runtime.serving.scorer import Job, TokenJob
 
 log = logging.getLogger("scorefn.runtime")
@@ -46,45 +45,12 @@ class _Request:
         return self.job.sequences
 
 
-def bucket_plan(settings: Settings, platform: "Platform") -> BucketPlan:
-    return BucketPlan(
-        lengths=settings.length_buckets, batches=platform.batch_buckets, max_tokens=platform.max_bucket_tokens,
-        labels=label_buckets(settings.max_labels), context_lengths=settings.context_buckets,
-        suffix_lengths=settings.suffix_length_buckets,
-        suffix_batches=platform.suffix_batch_buckets, prefix_sharing=settings.prefix_sharing,
-        completion_batches=platform.completion_batch_buckets)
-
-
 def build_scorer(settings: Settings, loaded, *, lazy: bool = False):
-    """The scorer of a loaded model on this platform: dtype, kernels and buckets from runtime.serving.platform, the
-    device mesh from SCOREFN_MESH. `lazy`: compile buckets on first use (one-shot CLI runs, never serving)."""
-    import jax
+    """The scorer of a loaded model on this host's devices (runtime.serving.compose, the path `scorefn compile`
+    shares). `lazy`: compile buckets on first use (one-shot CLI runs, never serving)."""
+    from runtime.serving.compose import compose
 
-    from runtime.serving import platform as platforms
-    from runtime.serving.executables import Executables, ExecutableStore
-    from runtime.model.transformer import Llama
-    from runtime.serving.scorer import Scorer
-    from runtime.serving.sharding import build_layout, parse_mesh
-
-    platform = platforms.resolve(settings)
-    data_axis, _ = parse_mesh(settings.mesh, len(jax.local_devices()))
-    platform = platforms.fit_to_data_axis(platform, settings, data_axis)
-    plan = bucket_plan(settings, platform)
-    if loaded.cfg.task != "causal_lm":  # no language-model head: no per-position log-probabilities
-        plan = dataclasses.replace(plan, completion_batches=())
-    platform = platforms.fit_to_model(platform, loaded.cfg, plan.max_length, explicit=settings.attention == "cudnn")
-    log.info("platform %s", platform.describe())
-
-    def model() -> Llama:
-        return Llama(loaded.cfg, loaded.arrays, platform.dtype, platform.kernels, plan.max_length)
-    store = ExecutableStore(Path(settings.xla_cache_dir) / "executables")
-    # SCOREFN_MESH; a bad layout (MeshError) stops the start here, before any compilation.
-    layout = build_layout(settings.mesh, loaded.cfg, plan)
-    if layout is None:  # one device: the unsharded runtime, unchanged
-        return Scorer(model(), plan, lazy=lazy, store=store), platform
-    with layout.staging():
-        sharded = model()
-    return Scorer(sharded, plan, executables=Executables(sharded, shardings=layout, lazy=lazy, store=store)), platform
+    return compose(settings, loaded.cfg, loaded.arrays, lazy=lazy)
 
 
 class Engine:

@@ -13,6 +13,7 @@ config, kernels, parameter layout, JAX/XLA environment), so a warm start loads e
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -83,10 +84,12 @@ def abstract(tree: Any) -> Any:
 
 
 class ExecutableStore:
-    """Serialized executables in `directory`/<fingerprint>/, one file per (entry point, bucket)."""
+    """Serialized executables in `directory`/<fingerprint>/, one file per (entry point, bucket), and beside them
+    manifest.json: the fingerprint's parts, so a start that finds nothing under its own can say what differs."""
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
+        self._unloadable: set[str] = set()  # fingerprints whose executables did not load: compile instead
 
     def _path(self, fingerprint: str, method: str, key: tuple) -> Path:
         return self.directory / fingerprint / f"{method}-{'x'.join(map(str, key)) or 'scalar'}.jaxexe"
@@ -95,26 +98,89 @@ class ExecutableStore:
         from jax.experimental import serialize_executable
 
         path = self._path(fingerprint, method, key)
-        if not path.is_file():
+        if fingerprint in self._unloadable or not path.is_file():
             return None
         try:
             return serialize_executable.deserialize_and_load(*pickle.loads(path.read_bytes()))
-        except Exception as exc:  # unreadable or from an incompatible build: compile it instead
-            log.warning("stored executable %s could not be loaded (%s); compiling it", path, exc)
+        except Exception as exc:  # unreadable, from another build, or compiled deviceless for a device it does not fit
+            self._unloadable.add(fingerprint)  # one line for the set, not one per bucket
+            log.warning("executable store: %s did not load (%s: %s); compiling every bucket not yet loaded instead",
+                        path, type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "")
             return None
 
-    def save(self, fingerprint: str, method: str, key: tuple, compiled: jax.stages.Compiled) -> None:
+    def save(self, fingerprint: str, method: str, key: tuple, compiled: jax.stages.Compiled) -> int:
+        """Serialize and store; returns the bytes written (0 when it could not be stored)."""
         from jax.experimental import serialize_executable
 
         path = self._path(fingerprint, method, key)
         try:
-            blob = pickle.dumps(serialize_executable.serialize(compiled))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            partial.write_bytes(blob)
-            partial.replace(path)  # atomic: a concurrent reader sees the whole file or none
+            with _without_partitioning_callbacks(compiled):
+                blob = pickle.dumps(serialize_executable.serialize(compiled))
+            _write_atomic(path, blob)
+            return len(blob)
         except Exception as exc:  # a read-only image, or an executable that cannot be serialized: fine
             log.debug("executable %s%s not stored: %s", method, key, exc)
+            return 0
+
+    def write_manifest(self, fingerprint: str, parts: dict) -> None:
+        try:
+            _write_atomic(self.directory / fingerprint / "manifest.json", json.dumps(parts, default=str).encode())
+        except OSError as exc:
+            log.debug("executable store manifest not written: %s", exc)
+
+    def explain_miss(self, fingerprint: str, parts: dict) -> str | None:
+        """None when executables are stored under `fingerprint`; else one line: what the stored sets differ in."""
+        if any((self.directory / fingerprint).glob("*.jaxexe")):
+            return None
+        manifests = sorted(self.directory.glob("*/manifest.json"), key=lambda m: m.stat().st_mtime, reverse=True)
+        if not manifests:
+            return f"executable store {self.directory}: nothing stored yet; compiling every bucket"
+        ours = json.loads(json.dumps(parts, default=str))
+        try:
+            theirs = json.loads(manifests[0].read_text())
+        except (OSError, json.JSONDecodeError):
+            theirs = {}
+        differences = [_difference(key, theirs.get(key), ours.get(key))
+                       for key in ours if theirs.get(key) != ours.get(key)]
+        return (f"executable store: no executables for this start's fingerprint {fingerprint}; the newest stored set "
+                f"({manifests[0].parent.name}, of {len(manifests)}) differs in {'; '.join(differences) or 'nothing'}; "
+                f"compiling every bucket")
+
+
+@contextlib.contextmanager
+def _without_partitioning_callbacks(compiled: jax.stages.Compiled):
+    """Serialize a sharded program that holds custom-partitioned ops (cuDNN attention on a mesh) without their
+    callbacks. jax 0.10.2's custom_partitioning lowering keeps a _ShardingCallbackInfo alive on the executable
+    (`module_context.add_keepalive`) so that XLA's SPMD partitioner can call back into Python while compiling;
+    it holds a local function (`to_mesh_pspec_sharding`), which pickle refuses. Once compiled, nothing calls it:
+    the partitioned program is in the executable, so the serialized copy leaves these keepalives out."""
+    from jax._src.custom_partitioning import _ShardingCallbackInfo
+
+    unloaded = getattr(compiled._executable, "_unloaded_executable", None)
+    kept = getattr(unloaded, "keepalive", None)
+    if not kept or not any(isinstance(k, _ShardingCallbackInfo) for k in kept):
+        yield
+        return
+    unloaded.keepalive = [k for k in kept if not isinstance(k, _ShardingCallbackInfo)]
+    try:
+        yield
+    finally:
+        unloaded.keepalive = kept
+
+
+def _difference(key: str, stored: Any, ours: Any) -> str:
+    if key == "state":
+        return "parameter shapes, dtypes or shardings"
+    if key == "source":
+        return "the runtime's source (model/, serving/)"
+    return f"{key} {json.dumps(stored)} stored, {json.dumps(ours)} here"
+
+
+def _write_atomic(path: Path, blob: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    partial.write_bytes(blob)
+    partial.replace(path)  # atomic: a concurrent reader sees the whole file or none
 
 
 def _source_digest() -> str:
@@ -127,23 +193,42 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
-def fingerprint(model: nnx.Module, state: Any) -> str:
-    """What shapes a compiled executable besides its entry point and bucket: versions, devices, this runtime's
-    source, the model (config, dtype, kernels), every parameter's shape, dtype and sharding, JAX/XLA settings."""
+# Environment variables that do not shape a compiled program: the compile for a target runs with
+# JAX_PLATFORMS=cpu, the service without; allocator and cache settings only matter at run time.
+_RUNTIME_ONLY_ENV = ("JAX_PLATFORMS", "JAX_COMPILATION_CACHE_DIR", "XLA_PYTHON_CLIENT_")
+
+
+def fingerprint_parts(model: nnx.Module, state: Any, devices: list, mesh_shape: tuple[int, ...]) -> dict:
+    """What shapes a compiled executable besides its entry point and bucket, as a compile-only device and the real
+    one both report it: the backend, device kind and count, the mesh, library versions, this runtime's source,
+    the model (config, dtype, kernels), every parameter's shape, dtype and partition spec, JAX/XLA settings.
+    Not the PJRT client's platform version nor a sharding's device ids: a compile-only client reports its own."""
     import flax
 
-    devices = jax.devices()
-    parts = {
-        "versions": [jax.__version__, importlib.metadata.version("jaxlib"), flax.__version__],
-        "devices": [len(devices), devices[0].platform, devices[0].device_kind,
-                    devices[0].client.platform_version],
+    from runtime.serving.platform import backend_of
+    from runtime.serving.targets import library_versions
+
+    backend = backend_of(devices[0])
+    return {
+        "versions": {"jax": jax.__version__, "jaxlib": importlib.metadata.version("jaxlib"),
+                     "flax": flax.__version__, **library_versions(backend)},
+        "devices": [backend, devices[0].device_kind, len(devices), list(mesh_shape)],
         "source": _source_digest(),
         "model": [repr(model.cfg), str(model.dtype), repr(model.kernels), model.window],
-        "state": [(jax.tree_util.keystr(path), x.shape, str(x.dtype), str(getattr(x, "sharding", None)))
+        "state": [(jax.tree_util.keystr(path), list(x.shape), str(x.dtype), _spec(x))
                   for path, x in jax.tree_util.tree_flatten_with_path(state)[0]],
-        "env": sorted((k, v) for k, v in os.environ.items() if k.startswith(("JAX_", "XLA_"))),
+        "env": sorted((k, v) for k, v in os.environ.items()
+                      if k.startswith(("JAX_", "XLA_")) and not k.startswith(_RUNTIME_ONLY_ENV)),
         "config": [str(jax.config.jax_default_matmul_precision), bool(jax.config.jax_enable_x64)],
     }
+
+
+def _spec(x: Any) -> str:
+    sharding = getattr(x, "sharding", None)
+    return str(sharding.spec) if hasattr(sharding, "spec") else "one device"
+
+
+def fingerprint(parts: dict) -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
 
 
@@ -151,15 +236,28 @@ class Executables:
     """Compiled entry points of one model, keyed by (entry point, shape bucket)."""
 
     def __init__(self, model: nnx.Module, shardings: "Any | None" = None, lazy: bool = False,
-                 store: ExecutableStore | None = None):
+                 store: ExecutableStore | None = None, device: Any | None = None):
+        """`device`: the one device of an unsharded model (default: JAX's default device); a compile-only one
+        compiles for a target. A model built with nnx.eval_shape has an abstract state: it compiles, never runs."""
         self.graphdef, self.state = nnx.split(model)
         self.matmul_precision = model.kernels.matmul_precision
         self.lazy = lazy  # compile a missing bucket on first use: for one-shot CLI runs, never for serving
         self.shardings = shardings  # runtime.serving.sharding.Layout or None (single device: no sharding at all)
+        self.device = device or jax.local_devices()[0]
+        # Abstract parameters (no weights) compile and store, never load or run: a target's executables cannot
+        # be loaded into the compiling process (its devices are compile-only stand-ins).
+        self.compile_only = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(self.state))
         if shardings is not None:
             self.state = shardings.put_state(self.state)  # every parameter placed with its sharding, once
+        elif self.compile_only:
+            self.state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._one_device),
+                                      self.state)
+        devices = list(shardings.mesh.devices.flat) if shardings is not None else [self.device]
+        self.fingerprint_parts = fingerprint_parts(
+            model, self.state, devices, (shardings.data, shardings.model) if shardings is not None else (1, 1))
         self.store = store
-        self.fingerprint = fingerprint(model, self.state) if store is not None else ""
+        self.fingerprint = fingerprint(self.fingerprint_parts) if store is not None else ""
+        self.stored_bytes: dict[tuple, int] = {}  # (entry point, bucket) -> serialized size, of those stored here
         self._compiled: dict[tuple, jax.stages.Compiled] = {}
         self._lock = threading.Lock()
         self.compiles = 0  # executables compiled (or loaded from a cache or the store) by this object
@@ -173,11 +271,22 @@ class Executables:
             return getattr(model, method)(*args)
         return run
 
+    @property
+    def _one_device(self) -> jax.sharding.Sharding:
+        return jax.sharding.SingleDeviceSharding(self.device)
+
     def lower(self, method: str, *example_args: jax.ShapeDtypeStruct) -> jax.stages.Lowered:
         """Trace `method` for the given argument shapes (Python-bound: one thread at a time)."""
-        jitted = jax.jit(self._entry(method)) if self.shardings is None else self.shardings.jit(
-            self._entry(method), method, self.state, example_args)
-        with jax.default_matmul_precision(self.matmul_precision):  # None: the backend's default
+        if self.shardings is None:
+            jitted = jax.jit(self._entry(method))
+            if self.device != jax.local_devices()[0]:  # a compile-only device: the arguments live there
+                example_args = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._one_device)
+                                     for a in example_args)
+        else:
+            jitted = self.shardings.jit(self._entry(method), method, self.state, example_args)
+        # Traced under the mesh (sharded): runtime.model.attention groups rows by its data axis.
+        mesh = jax.set_mesh(self.shardings.mesh) if self.shardings is not None else contextlib.nullcontext()
+        with mesh, jax.default_matmul_precision(self.matmul_precision):  # None: the backend's default
             return jitted.lower(abstract(self.state), *example_args)
 
     def add(self, method: str, key: tuple, lowered: jax.stages.Lowered) -> None:
@@ -187,14 +296,20 @@ class Executables:
         # Only a fresh compilation is stored: on XLA:CPU an executable loaded from the persistent cache serializes
         # without its generated functions ("NOT_FOUND: Function ... not found" once loaded again; jaxlib 0.10.2).
         if self.store is not None and getattr(_this_thread, "hits", 0) == hits:
-            self.store.save(self.fingerprint, method, key, compiled)
+            if not self.stored_bytes:
+                self.store.write_manifest(self.fingerprint, self.fingerprint_parts)
+            size = self.store.save(self.fingerprint, method, key, compiled)
+            with self._lock:
+                self.stored_bytes[(method, key)] = size
         with self._lock:
             self._compiled[(method, key)] = compiled
             self.compiles += 1
 
     def load_stored(self, method: str, key: tuple) -> bool:
         """Load a bucket's executable from the store without tracing it; False when it is not there."""
-        compiled = self.store.load(self.fingerprint, method, key) if self.store is not None else None
+        if self.store is None or self.compile_only:
+            return False
+        compiled = self.store.load(self.fingerprint, method, key)
         if compiled is None:
             return False
         with self._lock:
@@ -208,6 +323,9 @@ class Executables:
         started = time.perf_counter()
         self.add(method, key, self.lower(method, *example_args))
         return time.perf_counter() - started
+
+    def get(self, method: str, key: tuple) -> jax.stages.Compiled:
+        return self._compiled[(method, key)]
 
     def has(self, method: str, key: tuple) -> bool:
         return (method, key) in self._compiled

@@ -20,6 +20,8 @@ import logging
 
 from runtime.model.config import ModelConfig
 from runtime.model.transformer import Kernels
+from runtime.serving.buckets import label_buckets
+from runtime.serving.packing import Packing
 from runtime.settings import Settings
 
 log = logging.getLogger("scorefn.runtime")
@@ -27,7 +29,7 @@ log = logging.getLogger("scorefn.runtime")
 DEFAULT_BUCKETS = {
     # backend -> (batch buckets, suffix batch buckets, max tokens of one bucket, completion batch buckets)
     "cpu": ((1, 2, 4, 8, 16, 32), (8, 32), 16384, (1, 8)),
-    "accelerator": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (8, 32, 128, 256, 512), 65536, (1, 8, 64)),
+    "accelerator": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (8, 32, 128, 256, 512), 65536, (1, 16)),
 }
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head sizes that are multiples of 8 up to this (the probe checks)
 
@@ -41,6 +43,8 @@ class Platform:
     suffix_batch_buckets: tuple[int, ...]
     max_bucket_tokens: int
     completion_batch_buckets: tuple[int, ...]
+    label_buckets: tuple[int, ...] = (4, 16, 64, 256, 1024)
+    packing: Packing | None = None  # sequences packed into rows (runtime.serving.packing); None: the grid
     # Rounds dispatched and not yet fetched. An accelerator runs one while the host plans and dispatches the next;
     # on a CPU host and "device" share the cores, so one (and a drain never waits behind a second).
     rounds_in_flight: int = 1
@@ -49,8 +53,9 @@ class Platform:
         k = self.kernels
         return (f"{self.backend}: {self.dtype}, layer loop {'unrolled' if k.unroll else 'scanned'}, attention "
                 f"{k.attention} in {k.attention_dtype}, matmul precision {k.matmul_precision or 'default'}, "
-                f"batches {self.batch_buckets}, suffix batches {self.suffix_batch_buckets}, "
-                f"completion batches {self.completion_batch_buckets}, "
+                + (f"packed rows of {self.packing.width} ({self.packing.rows}), " if self.packing else
+                   f"batches {self.batch_buckets}, suffix batches {self.suffix_batch_buckets}, ")
+                + f"completion batches {self.completion_batch_buckets}, labels {self.label_buckets}, "
                 f"at most {self.max_bucket_tokens} tokens per bucket, {self.rounds_in_flight} round(s) in flight")
 
 
@@ -64,8 +69,16 @@ def attention_dtype(backend: str, dtype: str, attention: str) -> str:
 def current_backend() -> str:
     import jax
 
-    backend = jax.default_backend()
-    return "gpu" if backend in ("cuda", "rocm", "gpu") else backend
+    return _backend_name(jax.default_backend())
+
+
+def backend_of(device) -> str:
+    """cpu | gpu | tpu of a device, real or compile-only."""
+    return _backend_name(device.platform)
+
+
+def _backend_name(platform: str) -> str:
+    return "gpu" if platform in ("cuda", "rocm", "gpu") else platform
 
 
 def resolve(settings: Settings, backend: str | None = None) -> Platform:
@@ -81,9 +94,17 @@ def resolve(settings: Settings, backend: str | None = None) -> Platform:
     kernels = Kernels(unroll=loop == "unroll", attention=attention,
                       attention_dtype=attention_dtype(backend, dtype, attention),
                       matmul_precision="highest" if accelerator else None)
+    layout = settings.bucket_layout if settings.bucket_layout != "auto" else ("packed" if accelerator else "grid")
+    packing = None
+    if layout == "packed":  # rows no wider than the longest sequence served
+        width = min(Packing.width, settings.length_buckets[-1])
+        packing = Packing(width=width, narrow=tuple(w for w in Packing.narrow if w < width))
+    # Accelerators: two label buckets (each is an executable per slot count); the CPU keeps its finer set.
+    labels = label_buckets(settings.max_labels, (16,) if accelerator else None)
     return Platform(backend, dtype, kernels, settings.batch_buckets or batches,
                     settings.suffix_batch_buckets or suffix_batches, settings.max_bucket_tokens or max_tokens,
-                    settings.completion_batch_buckets or completion_batches, rounds_in_flight=2 if accelerator else 1)
+                    settings.completion_batch_buckets or completion_batches, labels, packing,
+                    rounds_in_flight=2 if accelerator else 1)
 
 
 def fit_to_data_axis(platform: Platform, settings: Settings, data: int) -> Platform:
@@ -94,26 +115,29 @@ def fit_to_data_axis(platform: Platform, settings: Settings, data: int) -> Platf
     if data == 1:
         return platform
     return dataclasses.replace(
-        platform, batch_buckets=fit(settings.batch_buckets, platform.batch_buckets),
+        platform, packing=platform.packing.fit_to_data_axis(data) if platform.packing else None,
+        batch_buckets=fit(settings.batch_buckets, platform.batch_buckets),
         suffix_batch_buckets=fit(settings.suffix_batch_buckets, platform.suffix_batch_buckets),
         completion_batch_buckets=fit(settings.completion_batch_buckets, platform.completion_batch_buckets))
 
 
-def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool) -> Platform:
+def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool,
+                 probe: bool = True) -> Platform:
     """cuDNN attention only where it runs this model: nothing `cudnn_cannot_run` names, and a start-up probe that
     agrees with XLA. `explicit`: SCOREFN_ATTENTION asked for cudnn, so a model it cannot run is an error rather
-    than a fallback."""
+    than a fallback. `probe` False: compile-only devices cannot run the probe, so the compile assumes it passes (a
+    start whose probe fails compiles with XLA)."""
     kernels = platform.kernels
     if kernels.attention != "cudnn":
         return platform
-    problem = cudnn_cannot_run(cfg, kernels.attention_dtype, max_length) or cudnn_probe(cfg, kernels.attention_dtype)
+    problem = cudnn_cannot_run(cfg, kernels.attention_dtype, max_length) or (
+        cudnn_probe(cfg, kernels.attention_dtype) if probe else None)
     if problem is None:
         return platform
     if explicit:
         raise ValueError(f"SCOREFN_ATTENTION=cudnn cannot run this model: {problem}")
     log.warning("attention falls back to XLA: %s", problem)
-    return dataclasses.replace(platform, kernels=dataclasses.replace(
-        kernels, attention="xla", attention_dtype=attention_dtype(platform.backend, platform.dtype, "xla")))
+    return _with_xla_attention(platform)
 
 
 def cudnn_cannot_run(cfg: ModelConfig, dtype: str, max_length: int) -> str | None:
@@ -130,6 +154,25 @@ def cudnn_cannot_run(cfg: ModelConfig, dtype: str, max_length: int) -> str | Non
     if cfg.sliding_window is not None and cfg.sliding_window < max_length:
         return f"a sliding window of {cfg.sliding_window} tokens needs masks that cuDNN attention does not take"
     return None
+
+
+def fit_to_layout(platform: Platform, layout, explicit: bool) -> Platform:
+    """cuDNN attention on a mesh needs queries, keys and values split alike (its partitioner refuses otherwise): a
+    model axis that splits the query heads but not the KV heads runs XLA attention instead."""
+    if platform.kernels.attention != "cudnn" or layout is None or not layout.parts["attention"] or layout.parts["kv"]:
+        return platform
+    problem = (f"the mesh splits the query heads over {layout.model} devices but not the KV heads, and cuDNN "
+               f"attention needs both split alike")
+    if explicit:
+        raise ValueError(f"SCOREFN_ATTENTION=cudnn cannot run this model on this mesh: {problem}")
+    log.warning("attention falls back to XLA: %s", problem)
+    return _with_xla_attention(platform)
+
+
+def _with_xla_attention(platform: Platform) -> Platform:
+    kernels = dataclasses.replace(platform.kernels, attention="xla",
+                                  attention_dtype=attention_dtype(platform.backend, platform.dtype, "xla"))
+    return dataclasses.replace(platform, kernels=kernels)
 
 
 def cudnn_probe(cfg: ModelConfig, dtype: str) -> str | None:

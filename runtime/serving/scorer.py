@@ -23,6 +23,7 @@ from typing import Callable, Iterator, Sequence
 import jax
 import numpy as np
 
+from runtime.serving import packing
 from runtime.serving.buckets import BucketPlan, Chunk, SequenceTooLong, fit
 from runtime.serving.executables import Executables, ExecutableStore, spec
 from runtime.interface import Sampling, TokenLogprobs
@@ -87,18 +88,25 @@ class Scorer:
 
     # ---- warm-up --------------------------------------------------------------------------------------
 
-    def compile_all(self, progress: Callable[[int, str, float], None] | None = None) -> int:
-        """Compile every bucket once (from the executable store, else through the persistent cache).
-        Returns how many buckets there are; `progress(done, name, seconds)` after each one."""
+    def work(self) -> list[tuple[str, tuple, tuple]]:
+        """Every (entry point, bucket, argument shapes) this scorer's plan compiles."""
         p, D = self.plan, self.hidden_size
         kv_shape = lambda c: (self.cfg.num_layers, c, self.cfg.num_kv_heads, self.cfg.head_dim)
         kv_dtype = self.attention_dtype
         work: list[tuple[str, tuple, tuple]] = []
-        work += [("hidden", (b, t), (spec((b, t)), spec((b,)))) for b, t in p.full()]
         work += [("prefill_context", (c,), (spec((1, c)),)) for c in p.contexts()]
-        work += [("hidden_after_context", (c, b, s),
-                  (spec(kv_shape(c), kv_dtype), spec(kv_shape(c), kv_dtype), spec(()), spec((b, s)), spec((b,))))
-                 for c, b, s in p.continuations()]
+        if p.packing:
+            def rows(r, w):  # tokens, positions, segments [r, w]; last_index [slots]
+                return spec((r, w)), spec((r, w)), spec((r, w)), spec((p.packing.slots_for(r, w),))
+            work += [("hidden_packed", (r, w), rows(r, w)) for r, w in p.full()]
+            work += [("hidden_packed_after_context", (c, r, w),
+                      (spec(kv_shape(c), kv_dtype), spec(kv_shape(c), kv_dtype), spec(()), *rows(r, w)))
+                     for c, r, w in p.continuations()]
+        else:
+            work += [("hidden", (b, t), (spec((b, t)), spec((b,)))) for b, t in p.full()]
+            work += [("hidden_after_context", (c, b, s),
+                      (spec(kv_shape(c), kv_dtype), spec(kv_shape(c), kv_dtype), spec(()), spec((b, s)), spec((b,))))
+                     for c, b, s in p.continuations()]
         if self.cfg.task == "causal_lm":
             work += [("label_logprobs", (b, n), (spec((b, D), np.float32), spec((b, n)))) for b, n in p.heads()]
             work += [("token_logprobs", (b, t), (spec((b, t)), spec((b,)), spec((b,), np.float32),
@@ -106,6 +114,18 @@ class Scorer:
         else:
             work += [("class_logits", (b,), (spec((b, D), np.float32),))
                      for b in sorted({b for b, _ in p.heads()})]
+        return work
+
+    def compile_all(self, progress: Callable[[int, str, float], None] | None = None,
+                    timings: dict[tuple, float] | None = None) -> int:
+        """Compile every bucket once (from the executable store, else through the persistent cache).
+        Returns how many buckets there are; `progress(done, name, seconds)` after each one; `timings`, when
+        given, gets each (entry point, bucket)'s seconds."""
+        timings = {} if timings is None else timings
+        work = self.work()
+        if self.exe.store is not None and not self.exe.compile_only and (
+                miss := self.exe.store.explain_miss(self.exe.fingerprint, self.exe.fingerprint_parts)):
+            (log.info if "nothing stored yet" in miss else log.warning)(miss)
         # Executables in the store load without tracing, on every core (deserializing one releases the GIL: 1.5x
         # faster in two threads on 2 cores). Tracing holds the GIL, so it runs here one bucket at a time; XLA
         # compiles (or loads from the persistent cache) in a pool meanwhile, on every core.
@@ -123,13 +143,15 @@ class Scorer:
                     todo.append((method, key, args))
                     continue
                 done += 1
+                timings[(method, key)] = seconds
                 if progress:
                     progress(done, f"{method}{key}", seconds)
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             def compile_one(method: str, key: tuple, lowered, traced: float) -> tuple[str, float]:
                 started = time.perf_counter()
                 self.exe.add(method, key, lowered)
-                return f"{method}{key}", traced + time.perf_counter() - started
+                timings[(method, key)] = traced + time.perf_counter() - started
+                return f"{method}{key}", timings[(method, key)]
             futures = []
             for method, key, args in todo:
                 started = time.perf_counter()
@@ -213,7 +235,7 @@ class Scorer:
         shared = min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
         rests = sorted((len(s) - shared for s in sequences), reverse=True)
         contexts = p.contexts()
-        if shared == 0 or rests[0] > p.suffix_lengths[-1] or not contexts or shared > contexts[-1]:
+        if shared == 0 or rests[0] > p.max_suffix or not contexts or shared > contexts[-1]:
             return 0
         shared_cost = fit(contexts, shared) + sum(c.padded_tokens for c in p.split_suffixes(rests))
         full_cost = sum(c.padded_tokens for c in p.split_full(sorted(map(len, sequences), reverse=True)))
@@ -240,7 +262,24 @@ class Scorer:
             self.device_batches += 1
             self.device_rows += len(batch_rows)
 
+    def _dispatch_packed(self, rows: list[_Row], jobs: Sequence[Job], packs, method: str, key: Callable,
+                         *context, start: int = 0) -> list[tuple[object, list[_Row]]]:
+        """Packed device batches (runtime.serving.packing): each pack's rows hold several sequences; the head
+        reads one slot per sequence."""
+        out = []
+        for pack in packs:
+            tokens, positions, segments, last, order = packing.arrays(pack, [row.tokens for row in rows], start)
+            batch_rows = [rows[i] for i in order]
+            hidden = self.exe(method, key(pack), *context, tokens, positions, segments, last)
+            out.append((self._head(hidden, batch_rows, jobs, pack.slots), batch_rows))
+            self.device_batches += 1
+            self.device_rows += len(batch_rows)
+        return out
+
     def _dispatch_full(self, rows: list[_Row], jobs: Sequence[Job]) -> list[tuple[object, list[_Row]]]:
+        if self.plan.packing:
+            packs = self.plan.split_full([len(row.tokens) for row in rows])
+            return self._dispatch_packed(rows, jobs, packs, "hidden_packed", lambda pack: (pack.rows, pack.width))
         out = []
         for chunk, batch_rows in self._batches(rows, self.plan.split_full):
             hidden = self.exe("hidden", (chunk.batch, chunk.length), *_padded(batch_rows, chunk))
@@ -254,6 +293,12 @@ class Scorer:
         ctx_tokens[0, :shared] = job.sequences[0][:shared]
         ctx_k, ctx_v = self.exe("prefill_context", (context,), ctx_tokens)
         rows = [_Row(j, i, seq[shared:]) for i, seq in enumerate(job.sequences)]
+        if p.packing:
+            packs = p.split_suffixes([len(row.tokens) for row in rows])
+            self.prefix_batches += len(packs)
+            return self._dispatch_packed(rows, jobs, packs, "hidden_packed_after_context",
+                                         lambda pack: (context, pack.rows, pack.width), ctx_k, ctx_v, np.int32(shared),
+                                         start=shared)
         out = []
         for chunk, batch_rows in self._batches(rows, p.split_suffixes):
             hidden = self.exe("hidden_after_context", (context, chunk.batch, chunk.length),

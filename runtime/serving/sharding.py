@@ -109,8 +109,8 @@ def check_batches(plan: BucketPlan, data: int, mesh_text: str) -> None:
     """Every batch bucket must split evenly over the data axis."""
     if data == 1:
         return
-    checks = [("SCOREFN_BATCH_BUCKETS", sorted({b for b, _ in plan.full()}))]
-    if plan.prefix_sharing:
+    checks = [] if plan.packing else [("SCOREFN_BATCH_BUCKETS", sorted({b for b, _ in plan.full()}))]
+    if plan.prefix_sharing and not plan.packing:  # packed row counts are fitted to the data axis already
         checks.append(("SCOREFN_SUFFIX_BATCH_BUCKETS", sorted({b for _, b, _ in plan.continuations()})))
     checks.append(("SCOREFN_COMPLETION_BATCH_BUCKETS", sorted({b for b, _ in plan.completions()})))
     problems = [f"{setting} has {', '.join(map(str, bad))}" for setting, batches in checks
@@ -130,6 +130,8 @@ ENTRY_POINTS: dict[str, tuple[tuple[str, ...], Any]] = {
     "hidden": (("batch", "batch"), "batch"),
     "prefill_context": (("rep",), ("kv", "kv")),
     "hidden_after_context": (("kv", "kv", "rep", "batch", "batch"), "batch"),
+    "hidden_packed": (("batch", "batch", "batch", "rep"), "batch"),
+    "hidden_packed_after_context": (("kv", "kv", "rep", "batch", "batch", "batch", "rep"), "batch"),
     "label_logprobs": (("batch", "batch"), "batch"),
     "class_logits": (("batch",), "batch"),
     "token_logprobs": (("batch", "batch", "batch", "batch"), ("batch", "batch", "batch", "batch", "batch")),
@@ -170,7 +172,10 @@ class Layout:
     def put_state(self, state: Any) -> Any:
         """The model state (nnx.State) with every array placed with its NamedSharding, once, at start-up."""
         def put(path, value):
-            return jax.device_put(value, NamedSharding(self.mesh, param_spec(_param_name(path), self.parts)))
+            sharding = NamedSharding(self.mesh, param_spec(_param_name(path), self.parts))
+            if isinstance(value, jax.ShapeDtypeStruct):  # an abstract state (compiling without weights)
+                return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
+            return jax.device_put(value, sharding)
         return jax.tree_util.tree_map_with_path(put, state)
 
     def jit(self, fn: Callable, method: str, state: Any, example_args: Sequence[Any]) -> Any:

@@ -242,9 +242,42 @@ def compile_only(model_dir: str) -> int:
     return 0
 
 
+def run_roofline(args: argparse.Namespace) -> int:
+    """`scorefn bench --roofline TARGET`: no device needed. The real planner's device batches for every workload
+    in the grid and the packed layout, their padded tokens, and the device time they need at the target's peak
+    compute and bandwidth (upper bounds on items/s; runtime.tools.roofline)."""
+    from runtime.model.config import load_config
+    from runtime.tools.roofline import padding_report, roofline_report
+
+    config = Path(args.model_config or QWEN3_CONFIG)
+    cfg = load_config(config.parent) if config.name == "config.json" else _config_file(config)
+    settings = load_settings()
+    report = {"model": f"{cfg.architecture} {cfg.num_layers}L d{cfg.hidden_size} ({config.name})",
+              "padding": padding_report(settings, cfg, "gpu"), "roofline": roofline_report(settings, cfg, args.roofline)}
+    print(f"model: {report['model']}; target {args.roofline}; upper bounds ({report['roofline']['method']})")
+    for layout, entry in report["padding"].items():
+        print(f"{layout:6}: {entry['executables']} executables")
+        for name, row in entry["workloads"].items():
+            bound = report["roofline"]["layouts"][layout][name]
+            rate = next(v for k, v in bound.items() if k.endswith("_upper_bound"))
+            print(f"  {name:8} {row['device_batches']:3} device batches, padded tokens {row['overhead']:.3f}x, "
+                  f"{bound['seconds'] * 1e3:9.3f} ms at peak, <= {rate:,.0f} /s", flush=True)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def _config_file(path: Path):
+    from runtime.model.config import config_from_hf
+
+    return config_from_hf(json.loads(path.read_text()))
+
+
 # ---- main ----------------------------------------------------------------------------------------------------
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "roofline", None):
+        return run_roofline(args)
     from runtime.serving import platform as platforms
     from runtime.serving.engine import build_scorer
     from runtime.model.loader import load_model, resolve_model_dir

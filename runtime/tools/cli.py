@@ -1,4 +1,4 @@
-"""`scorefn` command line: serve, score, warmup, prepare, bench, settings."""
+"""`scorefn` command line: serve, score, warmup, compile, prepare, bench, settings."""
 
 from __future__ import annotations
 
@@ -96,9 +96,20 @@ def cmd_settings(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.roofline:
+        from runtime.serving.targets import parse_target
+
+        if parse_target(args.roofline).backend != "cpu":
+            os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only devices; the process runs on the CPU
     from runtime.tools.bench import main as bench_main
 
     return bench_main(args)
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from runtime.tools.compile import main as compile_main
+
+    return compile_main(args)
 
 
 def cmd_coldstart(args: argparse.Namespace) -> int:
@@ -134,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("coldstart", help="measure start to /ready with an empty and a warm compile cache").set_defaults(
         func=cmd_coldstart)
 
+    compile_ = sub.add_parser("compile", help="compile every bucket for a target device (no device needed) into "
+                              "the executable store a start there loads")
+    compile_.add_argument("--target", required=True, help="cpu, l4, h100, a100, tpu-v5e, tpu-v6e; with a count: "
+                          "h100:4, tpu-v5e:2x2 (SCOREFN_MESH splits them)")
+    compile_.add_argument("--json-out", help="write every executable's compile time, memory and size as JSON")
+    compile_.set_defaults(func=cmd_compile)
+
     bench = sub.add_parser("bench", help="benchmark against transformers (PyTorch) on this machine")
     bench.add_argument("--quick", action="store_true",
                        help="fewer repeats (about 30 minutes on a 2-core CPU, a few on a GPU)")
@@ -145,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also time the default bucket set's warm-up, cold and from the persistent cache")
     bench.add_argument("--skip-http", action="store_true", help="skip W3 (concurrent HTTP clients)")
     bench.add_argument("--skip-torch", action="store_true", help="skip the transformers baseline")
+    bench.add_argument("--roofline", metavar="TARGET", help="no device needed: each workload's device batches, padded "
+                       "tokens and device time at TARGET's peak (upper bounds), grid and packed buckets")
     bench.add_argument("--json-out", help="also write the full report as JSON to this file")
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -61,9 +61,14 @@ def test_accelerator_arg_selects_existing_jax_extras_from_the_lock() -> None:
     extras = pyproject["project"]["optional-dependencies"]
     assert build_args()["ACCELERATOR"] == "cpu"
     text = CONTAINERFILE.read_text()
+    jaxlib = next(dep for dep in extras["aot"] if dep.startswith("jaxlib=="))
     for accelerator in ("cuda12", "tpu"):
         assert accelerator in extras, accelerator
         assert (REPO / "lock" / f"{accelerator}.txt").is_file(), f"lock/{accelerator}.txt (make lock)"
+        # Pinned to jaxlib's exact version, as the deviceless compile's plugins are: executables baked by another
+        # build of the plugin or libtpu do not load.
+        assert f"jax[{accelerator}]=={jaxlib.removeprefix('jaxlib==')}" in extras[accelerator], accelerator
+        assert jaxlib in extras[accelerator], accelerator
     assert "cuda12|tpu)" in text, "the case statement maps cuda12/tpu to the lock of that name"
     # The venv installs the lock, never a fresh resolution: uv pip sync with hashes, no `pip install <name>`.
     commands = [command.strip() for rest in args_of("RUN") for command in rest.split("&&")]
@@ -71,6 +76,25 @@ def test_accelerator_arg_selects_existing_jax_extras_from_the_lock() -> None:
     installs = [c for c in commands if "pip install" in c]
     # Hashes for every install but scorefn's own (from the build context, without dependencies).
     assert all("--require-hashes" in c or ("--no-deps" in c and c.endswith(" /src")) for c in installs), installs
+
+
+def test_accelerator_images_bake_their_targets_executables() -> None:
+    """cuda12/tpu images compile every bucket for their TARGET at build time, without the device, in the warm stage
+    (with the venv the image runs); the default targets are the devices infra/ deploys them on (Cloud Run's L4,
+    the GKE overlay's v5e 2x2 slice)."""
+    from runtime.serving.targets import parse_target
+
+    warm = stage("warm")
+    assert {"ACCELERATOR=cpu", "TARGET=", "MODEL_CONFIG_JSON="} <= {rest for kw, rest in warm if kw == "ARG"}
+    [bake] = [rest for kw, rest in warm if kw == "RUN"]
+    assert "runtime.tools.cli compile --target" in bake and "runtime.tools.cli warmup" in bake
+    defaults = dict(re.findall(r'(\w+)\) target="\$\{TARGET:-([^}]+)\}"', bake))
+    assert defaults == {"cuda12": "l4", "tpu": "tpu-v5e:2x2"}
+    assert parse_target(defaults["cuda12"]).chip.device_kind == "NVIDIA L4"
+    tpu = parse_target(defaults["tpu"])
+    assert tpu.chip.tpu_generation == "v5e" and tpu.shape == (2, 2)
+    assert not [rest for kw, rest in final_stage() if kw == "RUN" and "runtime.tools.cli" in rest], \
+        "executables are produced in the warm stage only"
 
 
 def test_entrypoint_is_scorefn_serve_in_exec_form() -> None:

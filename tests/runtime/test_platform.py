@@ -36,6 +36,30 @@ def test_accelerator_defaults(backend, attention):
     assert platform.kernels.attention == attention and platform.kernels.attention_dtype == "bfloat16"
     assert platform.kernels.matmul_precision == "highest"  # float32 matmuls (the head) are not TF32
     assert platform.suffix_batch_buckets[-1] == 512 and platform.batch_buckets[-1] == 256
+    assert platform.packing is not None and platform.label_buckets == (16, 1024)  # packed rows, two label buckets
+
+
+def test_the_cpu_keeps_the_grid_and_either_layout_can_be_chosen():
+    assert resolve(load_settings(environ={}), backend="cpu").packing is None
+    assert resolve(load_settings(environ={"SCOREFN_BUCKET_LAYOUT": "packed"}), backend="cpu").packing is not None
+    assert resolve(load_settings(environ={"SCOREFN_BUCKET_LAYOUT": "grid"}), backend="tpu").packing is None
+    short = resolve(load_settings(environ={"SCOREFN_LENGTH_BUCKETS": "16,64"}), backend="gpu").packing
+    assert short.width == 64 and max(short.narrow) < 64  # rows no wider than the longest sequence
+
+
+def test_cudnn_falls_back_to_xla_on_a_mesh_that_splits_query_heads_but_not_kv_heads(caplog):
+    import types
+
+    from runtime.serving.platform import fit_to_layout
+
+    platform = resolve(load_settings(environ={}), backend="gpu")
+    split_alike = types.SimpleNamespace(model=2, parts={"attention": True, "kv": True})
+    assert fit_to_layout(platform, split_alike, explicit=False) is platform
+    kv_replicated = types.SimpleNamespace(model=4, parts={"attention": True, "kv": False})
+    assert fit_to_layout(platform, kv_replicated, explicit=False).kernels.attention == "xla"
+    assert "split alike" in caplog.text
+    with pytest.raises(ValueError, match="SCOREFN_ATTENTION=cudnn cannot run this model on this mesh"):
+        fit_to_layout(platform, kv_replicated, explicit=True)
 
 
 def test_float32_on_a_gpu_is_float32():
@@ -57,7 +81,9 @@ def test_auto_buckets_round_up_to_the_data_axis_explicit_ones_stay():
     settings = load_settings(environ={"SCOREFN_SUFFIX_BATCH_BUCKETS": "6"})
     platform = fit_to_data_axis(resolve(settings, backend="gpu"), settings, data=4)
     assert platform.batch_buckets == (4, 8, 16, 32, 64, 128, 256)
-    assert platform.completion_batch_buckets == (4, 8, 64)
+    assert platform.completion_batch_buckets == (4, 16)
+    assert platform.packing.rows == (4, 16, 64) and platform.packing.slots == (4, 16, 64, 256, 1024)
+    assert platform.packing.narrow_widths(False) == ()  # a sharded batch has a row per device at least
     assert platform.suffix_batch_buckets == (6,)  # as set: the mesh check names it
     assert fit_to_data_axis(platform, settings, data=1) is platform
 

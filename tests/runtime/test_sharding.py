@@ -104,6 +104,22 @@ def test_meshes_score_like_one_device(sharded, job, mesh):
 
 
 @pytest.mark.slow
+def test_packed_buckets_on_a_data_mesh_score_like_one_device(sharded, tmp_path_factory):
+    """The accelerators' packed layout sharded 4x1 (row counts fitted to the data axis), in a worker of its own,
+    against the tiny Qwen3's single-device (grid) scores."""
+    spec, first, _ = sharded
+    job = {**spec["jobs"]["qwen3"], "settings": {**TINY_BUCKETS, "bucket_layout": "packed"}}
+    results, _ = run_worker({**spec, "xla_dir": str(tmp_path_factory.mktemp("xla-packed")), "meshes": ["4x1"],
+                             "jobs": {"qwen3": job}})
+    reference, ours = first["jobs"]["qwen3"]["1x1"], results["jobs"]["qwen3"]["4x1"]
+    for expected, got in zip(reference["scores"], ours["scores"]):
+        np.testing.assert_allclose(np.array(got), np.array(expected), atol=TINY_ATOL, rtol=0)
+    assert ours["compiles_while_scoring"] == 0
+    # With a row per device, scoring these short requests in full pads less than sharing their prefix.
+    assert ours["ran"] == ["hidden_packed", "label_logprobs", "token_logprobs"]
+
+
+@pytest.mark.slow
 def test_what_each_mesh_splits(sharded):
     _, results, log = sharded
     embedded, llama, qwen3 = (results["jobs"][name] for name in ("embedded", "llama", "qwen3"))

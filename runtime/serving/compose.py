@@ -1,0 +1,79 @@
+"""One composition path from settings, a model config (with its weights, or only their shapes) and a set of
+devices (real, or compile-only stand-ins for a target) to a Scorer: what serving starts and what
+`scorefn compile --target` compiles are the same programs under the same executable-store fingerprint.
+
+The devices' backend decides the platform choices (runtime.serving.platform), never the backend of the process
+that compiles. Without weights the parameter state is abstract (shapes, dtypes and shardings from the config):
+such a scorer compiles and stores every bucket, and a later start with the weights finds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from runtime.model.config import ModelConfig
+from runtime.serving.buckets import BucketPlan
+from runtime.settings import Settings
+
+log = logging.getLogger("scorefn.runtime")
+
+
+def bucket_plan(settings: Settings, platform) -> BucketPlan:
+    return BucketPlan(
+        lengths=settings.length_buckets, batches=platform.batch_buckets, max_tokens=platform.max_bucket_tokens,
+        labels=platform.label_buckets, context_lengths=settings.context_buckets,
+        suffix_lengths=settings.suffix_length_buckets,
+        suffix_batches=platform.suffix_batch_buckets, prefix_sharing=settings.prefix_sharing,
+        completion_batches=platform.completion_batch_buckets, packing=platform.packing)
+
+
+def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] | None = None, *,
+            devices: Sequence[Any] | None = None, lazy: bool = False, probe: bool = True):
+    """(Scorer, Platform) for this model on these devices (default: this host's). `arrays` None: abstract
+    parameters, for compiling only. `probe`: run the cuDNN start-up probe (a real GPU only)."""
+    import jax
+
+    from runtime.model.transformer import Llama
+    from runtime.serving import platform as platforms
+    from runtime.serving.executables import Executables, ExecutableStore
+    from runtime.serving.scorer import Scorer
+    from runtime.serving.sharding import build_layout, parse_mesh
+
+    devices = list(devices if devices is not None else jax.local_devices())
+    backend = platforms.backend_of(devices[0])
+    platform = platforms.resolve(settings, backend)
+    data_axis, _ = parse_mesh(settings.mesh, len(devices))
+    platform = platforms.fit_to_data_axis(platform, settings, data_axis)
+    plan = bucket_plan(settings, platform)
+    if cfg.task != "causal_lm":  # no language-model head: no per-position log-probabilities
+        plan = dataclasses.replace(plan, completion_batches=())
+    # SCOREFN_MESH; a bad layout (MeshError) stops the start here, before any compilation.
+    layout = build_layout(settings.mesh, cfg, plan, devices)
+    explicit = settings.attention == "cudnn"
+    platform = platforms.fit_to_model(platform, cfg, plan.max_length, explicit, probe=probe and arrays is not None)
+    platform = platforms.fit_to_layout(platform, layout, explicit)
+    log.info("platform %s", platform.describe())
+
+    def model() -> Llama:
+        if arrays is not None:
+            return Llama(cfg, arrays, platform.dtype, platform.kernels, plan.max_length)
+        from flax import nnx
+
+        from runtime.model.weights import array_shapes
+
+        shapes = {name: jax.ShapeDtypeStruct(shape, np.float32) for name, shape in array_shapes(cfg).items()}
+        return nnx.eval_shape(lambda a: Llama(cfg, a, platform.dtype, platform.kernels, plan.max_length), shapes)
+
+    store = ExecutableStore(Path(settings.xla_cache_dir) / "executables")
+    if layout is None or arrays is None:  # one device (the unsharded runtime), or nothing to place
+        built = model()
+    else:
+        with layout.staging():  # weights too large for one device are placed shard by shard
+            built = model()
+    exe = Executables(built, shardings=layout, lazy=lazy, store=store, device=devices[0])
+    return Scorer(built, plan, executables=exe), platform

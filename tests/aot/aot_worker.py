@@ -1,0 +1,102 @@
+"""Deviceless compiles for tests/aot/test_deviceless.py, run with the accelerator plugins' venv (.venv-aot):
+
+    JAX_PLATFORMS=cpu .venv-aot/bin/python -m tests.aot.aot_worker '{"xla_dir": ..., "cases": [...]}'
+
+Each case composes a scorer the serving way (runtime.serving.compose) on a target's compile-only devices from a
+config.json alone, compiles the smallest bucket of every entry point (or those named), and reports what
+`scorefn compile --json-out` reports for each, plus which layer-loop bodies hold the cuDNN attention call. With
+"start_side", it also composes the scorer a start with weights builds on the same devices, for its fingerprint.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+
+def computations(hlo: str) -> dict[str, str]:
+    """HLO text -> {computation name: its text}."""
+    out, name, lines = {}, None, []
+    for line in hlo.splitlines():
+        header = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if header and not line.startswith(" "):
+            name, lines = header.group(1), []
+        elif line.startswith("}") and name:
+            out[name] = "\n".join(lines)
+            name = None
+        elif name:
+            lines.append(line)
+    return out
+
+
+def layer_loops(hlo: str, layers: int) -> tuple[int, int]:
+    """(layer-loop bodies holding a cuDNN fused-attention call, layer-loop bodies): while loops that run `layers`
+    times, each body searched through the computations it calls."""
+    comps = computations(hlo)
+    calls = {name: set(re.findall(r"(?:body|condition|calls|to_apply|branch_computations)=\{?%?([\w.\-]+)", text))
+             for name, text in comps.items()}
+
+    def holds_cudnn(name: str, seen: set) -> bool:
+        if name in seen or name not in comps:
+            return False
+        seen.add(name)
+        return "__cudnn$fmha" in comps[name] or any(holds_cudnn(c, seen) for c in calls[name])
+    bodies = [body for text in comps.values()
+              for body, trips in re.findall(r'body=%?([\w.\-]+).*?"known_trip_count":\{"n":"(\d+)"\}', text)
+              if int(trips) == layers]
+    return sum(holds_cudnn(body, set()) for body in bodies), len(bodies)
+
+
+def run(spec: dict) -> dict:
+    import numpy as np
+
+    from runtime.model.config import load_config
+    from runtime.model.weights import array_shapes
+    from runtime.serving.compose import compose
+    from runtime.serving.targets import parse_target
+    from runtime.settings import load_settings
+    from runtime.tools.compile import executable_report, memory_problems
+
+    out = {}
+    for case in spec["cases"]:
+        target = parse_target(case["target"])
+        devices = target.devices()
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in case.get("settings", {}).items()}
+        settings = load_settings(environ={}, compile_cache_dir=spec["xla_dir"], **values)
+        cfg = load_config(case["config_dir"])
+        scorer, platform = compose(settings, cfg, None, devices=devices, probe=False)
+        smallest: dict[str, tuple] = {}
+        for method, key, args in scorer.work():
+            if method not in smallest and (not case.get("methods") or method in case["methods"]):
+                smallest[method] = (key, args)
+        rows = []
+        for method, (key, args) in smallest.items():
+            started = time.perf_counter()
+            scorer.exe.add(method, key, scorer.exe.lower(method, *args))
+            compiled = scorer.exe.get(method, key)
+            row = executable_report(method, key, compiled, time.perf_counter() - started,
+                                    scorer.exe.stored_bytes.get((method, key), 0))
+            row["cudnn_layer_loops"], row["layer_loops"] = layer_loops(compiled.as_text(), cfg.num_layers)
+            rows.append(row)
+        entry = {"platform": platform.describe(), "fingerprint": scorer.exe.fingerprint,
+                 "devices": scorer.exe.fingerprint_parts["devices"], "executables": rows}
+        if "memory_fraction" in case:  # the build-time out-of-memory check, against a device made small
+            os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(case["memory_fraction"])
+            entry["memory_problems"] = memory_problems(rows, target)
+            del os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]
+        if case.get("start_side"):
+            rng = np.random.default_rng(0)
+            arrays = {name: (rng.standard_normal(shape) * 0.02).astype(np.float32)
+                      for name, shape in array_shapes(cfg).items()}
+            started, _ = compose(settings, cfg, arrays, devices=devices, probe=False)
+            entry["start_fingerprint"] = started.exe.fingerprint
+        out[case["name"]] = entry
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(json.loads(sys.argv[1]))), flush=True)

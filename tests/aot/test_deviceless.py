@@ -1,0 +1,117 @@
+"""Deviceless ahead-of-time compilation: every entry point compiles for an H100 (bfloat16, cuDNN attention in every
+layer body) and a TPU v5e on this CPU host, serializes into the executable store, and under the fingerprint a start
+with the weights on the same target computes; sharded cuDNN programs (an H100 x4 mesh) serialize too.
+
+The accelerator plugins live in their own venv (.venv-aot, `make setup-aot`, the `aot` extra): installed beside the
+test tools they print CUDA/TPU start-up errors into every JAX process. So one worker process there
+(tests/aot/aot_worker.py) compiles every case, on a tiny 3-layer config, and these tests read its report.
+Whether these executables load on the real devices cannot be shown here (runtime.serving.executables falls back
+to compiling when one does not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+AOT_PYTHON = Path(os.environ.get("SCOREFN_AOT_PYTHON", REPO / ".venv-aot" / "bin" / "python"))
+TINY = {"architectures": ["LlamaForCausalLM"], "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
+LAYERS = TINY["num_hidden_layers"]
+# Two length buckets (one above the packed row width of 32: a wide row too), one context, few labels.
+BUCKETS = {"length_buckets": [32, 64], "context_buckets": [32], "max_labels": 4}
+PACKED = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "label_logprobs", "token_logprobs"}
+GRID = {"hidden", "hidden_after_context"}
+BODIES = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "token_logprobs", *GRID}
+
+
+@pytest.fixture(scope="session")
+def deviceless(tmp_path_factory) -> dict:
+    if not AOT_PYTHON.is_file():
+        pytest.fail(f"{AOT_PYTHON} is missing: `make setup-aot` installs the accelerator plugins (the aot extra)")
+    tmp = tmp_path_factory.mktemp("aot")
+    for name, overrides in (("causal", {}), ("classify", {"architectures": ["LlamaForSequenceClassification"],
+                                                         "num_labels": 3})):
+        (tmp / name).mkdir()
+        (tmp / name / "config.json").write_text(json.dumps({**TINY, **overrides}))
+    causal, classify = str(tmp / "causal"), str(tmp / "classify")
+    cases = [
+        {"name": "h100", "target": "h100", "config_dir": causal, "settings": BUCKETS, "start_side": True},
+        {"name": "h100_grid", "target": "h100", "config_dir": causal, "methods": sorted(GRID),
+         "settings": {**BUCKETS, "bucket_layout": "grid", "batch_buckets": [1], "suffix_length_buckets": [8],
+                      "suffix_batch_buckets": [4]}},
+        {"name": "h100_classify", "target": "h100", "config_dir": classify, "methods": ["class_logits"],
+         "settings": BUCKETS},
+        {"name": "l4_small", "target": "l4", "config_dir": causal, "methods": ["hidden_packed"], "settings": BUCKETS,
+         "memory_fraction": 1e-6},  # 24 kB usable: the bucket does not fit
+        {"name": "h100x4", "target": "h100:4", "config_dir": causal, "settings": {**BUCKETS, "mesh": "4x1"},
+         "methods": ["prefill_context", "hidden_packed", "hidden_packed_after_context"]},
+        {"name": "tpu", "target": "tpu-v5e", "config_dir": causal, "settings": BUCKETS, "start_side": True},
+        {"name": "tpu_grid", "target": "tpu-v5e", "config_dir": causal, "methods": sorted(GRID),
+         "settings": {**BUCKETS, "bucket_layout": "grid", "batch_buckets": [1], "suffix_length_buckets": [8],
+                      "suffix_batch_buckets": [4]}},
+        {"name": "tpu_classify", "target": "tpu-v5e", "config_dir": classify, "methods": ["class_logits"],
+         "settings": BUCKETS},
+    ]
+    spec = {"xla_dir": str(tmp / "xla"), "cases": cases}
+    done = subprocess.run([str(AOT_PYTHON), "-m", "tests.aot.aot_worker", json.dumps(spec)], cwd=REPO,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def by_method(case: dict) -> dict[str, dict]:
+    return {row["method"]: row for row in case["executables"]}
+
+
+def test_every_entry_point_compiles_for_an_h100_with_cudnn_in_every_layer_body(deviceless):
+    rows = {**by_method(deviceless["h100"]), **by_method(deviceless["h100_grid"]),
+            **by_method(deviceless["h100_classify"])}
+    assert set(rows) == PACKED | GRID | {"class_logits"}
+    assert "attention cudnn in bfloat16" in deviceless["h100"]["platform"]
+    for method, row in rows.items():
+        assert row["serialized_bytes"] > 0, method
+        if method in BODIES:  # the scanned layer loop's body holds the fused-attention custom call
+            assert (row["attention"], row["cudnn_layer_loops"], row["layer_loops"]) == ("cudnn", 1, 1), method
+        else:  # heads: no attention
+            assert row["attention"] == "xla", method
+
+
+def test_every_entry_point_compiles_for_a_tpu_v5e(deviceless):
+    rows = {**by_method(deviceless["tpu"]), **by_method(deviceless["tpu_grid"]),
+            **by_method(deviceless["tpu_classify"])}
+    assert set(rows) == PACKED | GRID | {"class_logits"}
+    assert "tpu: bfloat16" in deviceless["tpu"]["platform"]
+    for method, row in rows.items():
+        assert row["serialized_bytes"] > 0 and row["attention"] == "xla", method
+        assert row["flops"] > 0 and row["temp_bytes"] is not None, method  # TPU cost and memory analysis
+
+
+def test_a_compile_and_a_start_on_the_same_target_compute_the_same_fingerprint(deviceless):
+    for name, kind in (("h100", "NVIDIA H100 80GB HBM3"), ("tpu", "TPU v5 lite")):
+        case = deviceless[name]
+        assert case["fingerprint"] == case["start_fingerprint"], name  # config.json alone vs the weights
+        assert case["devices"][:3] == [case["devices"][0], kind, 1]
+    assert deviceless["h100"]["fingerprint"] != deviceless["tpu"]["fingerprint"]
+
+
+def test_sharded_cudnn_programs_serialize(deviceless):
+    """jax 0.10.2 keeps custom-partitioning callbacks (a local function pickle refuses) on sharded cuDNN programs;
+    the store serializes them without (runtime.serving.executables._without_partitioning_callbacks)."""
+    case = deviceless["h100x4"]
+    assert case["devices"][2:] == [4, [4, 1]]
+    for method, row in by_method(case).items():
+        assert row["attention"] == "cudnn" and row["serialized_bytes"] > 0, method
+
+
+def test_a_bucket_larger_than_the_device_fails_the_build_naming_bucket_and_bytes(deviceless):
+    [problem] = deviceless["l4_small"]["memory_problems"]
+    assert problem.startswith("bucket hidden_packed(1, 16) needs ") and "on one NVIDIA L4" in problem
+    assert "temporaries" in problem and "GB usable" in problem
