@@ -43,9 +43,13 @@ $(VENV)/.test-installed: lock/test.txt lock/checkov.txt $(VENV)/.serve-installed
 	UV=$(UV) bash infra/tools/install-checkov.sh  # its own venv: its pins clash with pytest's
 	touch $@
 
-$(AOT_VENV)/.aot-installed: pyproject.toml
-	$(PYTHON) -m venv $(AOT_VENV)
-	$(AOT_VENV)/bin/python -m pip install --quiet -e '.[aot]'
+# The accelerator plugins for deviceless compiles (tests/aot): serve + the aot extra, from its own lock.
+$(AOT_VENV)/bin/python: | $(UV)
+	$(UV) venv --quiet --python $(PYTHON) $(AOT_VENV)
+
+$(AOT_VENV)/.aot-installed: lock/aot.txt pyproject.toml | $(AOT_VENV)/bin/python
+	$(UV) pip sync --quiet --require-hashes --python $(AOT_VENV)/bin/python lock/aot.txt
+	$(UV) pip install --quiet --no-deps --python $(AOT_VENV)/bin/python -e .
 	touch $@
 
 $(SCOREFN_CACHE_DIR)/.prepared: $(VENV)/.serve-installed

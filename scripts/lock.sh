@@ -9,6 +9,9 @@
 #   test.txt      make test's .venv: serve + the test and load extras. Linux x86_64, CPython 3.11 only: PyTorch is
 #                 the CPU build torch==2.13.0+cpu, whose one wheel is for that platform.
 #   cuda12.txt, tpu.txt   the image's accelerator extras (serve + jax's plugin at jaxlib's exact version).
+#   aot.txt       make setup-aot's .venv-aot: serve + the aot extra (both accelerators' plugins, nvcc, cuDNN, libtpu)
+#                 for deviceless compiles in tests/aot, pinned to the cuda12 and tpu locks' versions (the image
+#                 compiles with those). Linux x86_64 (glibc 2.31+: libtpu 0.0.42 has no older wheel), CPython 3.11.
 #   checkov.txt   checkov in its own venv (its pins clash with the test tools), for tests/infra.
 #   uv.txt        uv itself, which pip bootstraps into .venv-uv.
 # After changing a dependency or an extra in pyproject.toml (or lock/*.in), run `make lock` and commit lock/.
@@ -37,5 +40,7 @@ for accelerator in cuda12 tpu; do
     compile "$accelerator.txt" "${universal[@]}" pyproject.toml --extra "$accelerator" \
         --excludes lock/not-served.txt -c lock/serve.txt
 done
+compile aot.txt --python-platform x86_64-manylinux_2_31 pyproject.toml --extra aot --excludes lock/not-served.txt \
+    -c lock/serve.txt -c lock/cuda12.txt -c lock/tpu.txt
 compile checkov.txt "${linux_x86_64[@]}" lock/checkov.in
 echo "lock/ regenerated; commit it with the change that needed it"

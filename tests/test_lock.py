@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK = REPO / "lock"
-ENVIRONMENTS = ("serve", "test", "cuda12", "tpu", "embedded", "checkov", "uv")
+ENVIRONMENTS = ("serve", "test", "cuda12", "tpu", "aot", "embedded", "checkov", "uv")
 PYTHON_311_LINUX = {"python_version": "3.11", "python_full_version": "3.11.7", "sys_platform": "linux",
                     "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
                     "platform_python_implementation": "CPython", "os_name": "posix"}
@@ -78,14 +78,14 @@ def test_the_locks_satisfy_pyproject() -> None:
     main, extras = project()["dependencies"], project()["optional-dependencies"]
     wrong = _satisfied(main, pins("serve"), skip=not_served())
     wrong += _satisfied(main + extras["test"] + extras["load"], pins("test"))
-    for accelerator in ("cuda12", "tpu"):
+    for accelerator in ("cuda12", "tpu", "aot"):
         wrong += _satisfied(main + extras[accelerator], pins(accelerator), skip=not_served())
     assert not wrong, "run `make lock`:\n" + "\n".join(wrong)
 
 
 def test_environments_share_every_version_they_have_in_common() -> None:
     serve = pins("serve")
-    for other in ("test", "cuda12", "tpu"):
+    for other in ("test", "cuda12", "tpu", "aot"):
         locked = pins(other)
         differ = {p: (v, locked[p][0]) for p, (v, _) in serve.items() if p in locked and locked[p][0] != v}
         assert not differ, f"lock/serve.txt vs lock/{other}.txt: {differ}"
@@ -108,6 +108,18 @@ def test_the_accelerator_locks_pin_the_plugin_to_jaxlib() -> None:
         assert locked["jaxlib"][0] == pins("serve")["jaxlib"][0]
     cuda = pins("cuda12")
     assert cuda["jax-cuda12-plugin"][0] == cuda["jaxlib"][0] == cuda["jax-cuda12-pjrt"][0]
+
+
+def test_the_deviceless_compile_venv_has_the_images_accelerator_builds() -> None:
+    """.venv-aot (tests/aot) compiles with the plugin, nvcc, cuDNN and libtpu builds the cuda12 and tpu images run:
+    an executable compiled by another build would not load there."""
+    aot = pins("aot")
+    assert aot["jax-cuda12-plugin"][0] == aot["jax-cuda12-pjrt"][0] == aot["jaxlib"][0] == pins("serve")["jaxlib"][0]
+    for accelerator in ("cuda12", "tpu"):
+        locked = pins(accelerator)
+        differ = {p: (v, locked[p][0]) for p, (v, _) in aot.items() if p in locked and locked[p][0] != v}
+        assert not differ, f"lock/aot.txt vs lock/{accelerator}.txt: {differ}"
+    assert {"libtpu", "nvidia-cuda-nvcc-cu12", "nvidia-cudnn-cu12"} <= set(aot)
 
 
 def _top_level_imports(path: Path) -> set[str]:
