@@ -102,7 +102,7 @@ SETTINGS: tuple[Setting, ...] = (
             "auto: 8,32 on CPU; 8,32,128,256,512 on GPU and TPU."),
     Setting("completion_batch_buckets", "auto", _auto(_csv_ints),
             "Batch sizes compiled for per-position log-probabilities (/v1/completions). "
-            "auto: 1,8 on CPU; 1,8,64 on GPU and TPU."),
+            "auto: 1,8 on CPU; 1,16 on GPU and TPU (a larger batch runs as several of 16)."),
     Setting("bucket_layout", "auto", _choice("auto", "grid", "packed"),
             "grid: one executable per (batch, length) and per (context, batch, item length); packed: several "
             "sequences per row, buckets by row count (about 70 executables instead of about 300). auto: grid on CPU, "
