@@ -39,8 +39,8 @@ def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def rope_tables(positions: jax.Array, inv_freq: jax.Array, scaling: float = 1.0) -> tuple[jax.Array, jax.Array]:
-    """positions [B, T], inverse frequencies [R/2] or per row [B, R/2] -> cos, sin [B, T, R] (times the attention
-    scaling of yarn / longrope, as transformers multiplies them)."""
+    """positions [B, T], inverse frequencies [R/2], per row [B, R/2] or per token [B, T, R/2] -> cos, sin [B, T, R]
+    (times the attention scaling of yarn / longrope, as transformers multiplies them)."""
     if inv_freq.ndim == 2:
         inv_freq = inv_freq[:, None, :]
     freqs = positions.astype(F32)[..., None] * inv_freq  # [B, T, R/2]

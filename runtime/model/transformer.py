@@ -56,13 +56,22 @@ def _positions_per_chunk(batch: int, length: int, vocab: int) -> int:
 
 
 def _frequencies(table: jax.Array, lengths: jax.Array | None) -> jax.Array:
-    """Inverse frequencies [R/2], or per row [B, R/2] from a by-length table (dynamic, longrope); without lengths
-    (the shared-prefix paths) the first row, valid because the scorer shares only within the length limit."""
+    """Inverse frequencies [R/2], or from a by-length table (dynamic, longrope) per row [B, R/2] (lengths [B]) or
+    per token [R, W, R/2] (packed rows: lengths [R, W]); without lengths (the shared-prefix paths) the first row,
+    valid because the scorer shares only within the length limit."""
     if table.ndim == 1:
         return table
     if lengths is None:
         return table[0]
     return jnp.take(table, jnp.clip(lengths, 1, table.shape[0]) - 1, axis=0)
+
+
+def rope_length_limit(cfg: ModelConfig, max_length: int) -> int | None:
+    """Sequences up to this length share a prefix; longer ones change their RoPE frequencies (dynamic, longrope),
+    so they are scored in full. None: no length served up to `max_length` changes them."""
+    limits = [rope.length_limit() for rope in (cfg.rope, cfg.local_rope) if rope is not None]
+    limits = [limit for limit in limits if limit is not None]
+    return min(limits) if limits and max_length > min(limits) else None
 
 
 class Llama(nnx.Module):
@@ -96,19 +105,15 @@ class Llama(nnx.Module):
         layer_names = sorted(n for n in arrays if n.startswith("layers."))
         self.layers = nnx.Dict({n.removeprefix("layers."): param(n) for n in layer_names})  # each [Layers, ...]
         # RoPE: inverse frequencies [R/2], or [max_length, R/2] by length where served lengths change them.
-        limit = cfg.rope.length_limit()
         length = max_length or cfg.max_position_embeddings
         table, self.rope_scaling = cfg.rope.frequency_table(length)
         self.inv_freq = nnx.Variable(jnp.asarray(table if table.shape[0] > 1 else table[0], dtype=F32))
         local_table, self.local_rope_scaling = None, 1.0
         if cfg.local_rope is not None:  # Gemma 3's sliding layers
             local_table, self.local_rope_scaling = cfg.local_rope.frequency_table(length)
-            local_limit = cfg.local_rope.length_limit()
-            limit = local_limit if limit is None else min(limit, local_limit or limit)
         self.local_inv_freq = None if local_table is None else nnx.Variable(
             jnp.asarray(local_table if local_table.shape[0] > 1 else local_table[0], dtype=F32))
-        # Sequences up to this length share a prefix; longer ones change their RoPE frequencies (None: any length).
-        self.rope_length_limit = limit if limit is not None and length > limit else None
+        self.rope_length_limit = rope_length_limit(cfg, length)
 
     def _layer_data(self) -> dict[str, jax.Array]:
         """What differs between layers besides weights, as arrays the scan reads with each layer: the attention
@@ -241,8 +246,16 @@ class Llama(nnx.Module):
         """Several whole sequences per row (runtime.serving.packing): tokens, positions (from 0 in each sequence)
         and segments (-1: padding) [R, W]; last_index [M]: flat indices into R * W of each sequence's last token.
         Returns the final-normed hidden states there [M, D] float32."""
-        h, _ = self._run_layers(tokens, positions, segments=segments)
+        h, _ = self._run_layers(tokens, positions, lengths=self._packed_lengths(segments), segments=segments)
         return self._pool_flat(h, last_index)
+
+    def _packed_lengths(self, segments: jax.Array) -> jax.Array | None:
+        """Each token's sequence length [R, W] (the tokens of its segment in its row), for RoPE frequencies that
+        depend on it (dynamic, longrope): each packed sequence rotates as it would alone. None otherwise."""
+        tables = (self.inv_freq, self.local_inv_freq)
+        if not any(table is not None and table[...].ndim == 2 for table in tables):
+            return None
+        return jnp.sum(segments[:, :, None] == segments[:, None, :], axis=-1, dtype=jnp.int32)
 
     def hidden_packed_after_context(self, ctx_k, ctx_v, ctx_len, tokens, positions, segments,
                                     last_index) -> jax.Array:

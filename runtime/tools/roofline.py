@@ -89,6 +89,7 @@ def call_tokens(plan, method: str, key: tuple) -> int:
 
 def plan_calls(settings, cfg, backend: str, jobs: list):
     """(plan, the (entry point, bucket) calls the real planner makes for `jobs` on `backend`'s platform)."""
+    from runtime.model.transformer import rope_length_limit
     from runtime.serving import platform as platforms
     from runtime.serving.compose import bucket_plan
     from runtime.serving.scorer import Scorer
@@ -96,7 +97,8 @@ def plan_calls(settings, cfg, backend: str, jobs: list):
     platform = platforms.resolve(settings, backend)
     plan = bucket_plan(settings, platform)
     recorder = Recorder()
-    stub = types.SimpleNamespace(cfg=cfg, attention_dtype=np.float32)
+    stub = types.SimpleNamespace(cfg=cfg, attention_dtype=np.float32,
+                                 rope_length_limit=rope_length_limit(cfg, plan.max_length))
     Scorer(stub, plan, executables=recorder).dispatch(jobs)
     return plan, recorder.calls
 

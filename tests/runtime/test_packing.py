@@ -13,7 +13,8 @@ from runtime.model.config import load_config
 from runtime.serving.packing import Pack, Packing, arrays, first_fit, pack_continuations, pack_full
 from runtime.settings import load_settings
 from tests.conftest import torch_label_logprobs
-from tests.runtime.conftest import random_sequences, scorer_for, small_plan, tiny_checkpoint
+from tests.runtime.conftest import CASES as MODELS
+from tests.runtime.conftest import FreshRope, random_sequences, scorer_for, small_plan, tiny_checkpoint
 
 # Rows of 16 tokens (1 or 2 of them), one narrow row of 8, wide rows of 32; at most 4 sequences per 16 tokens.
 PACKING = Packing(width=16, rows=(1, 2), narrow=(8,), narrow_continuations=(8,), wide_rows=(1,), slots=(4, 8),
@@ -68,14 +69,16 @@ def _qwen3_dir(tmp=[]):
     return tmp[0]
 
 
-# Packing touches attention only: plain causal attention and a sliding window (the mask within a segment).
-CASES = {"llama": ("llama", {}), "mistral_sliding_window": ("mistral", {"sliding_window": 6})}
+# Packing touches attention and RoPE: plain causal attention, a sliding window (the mask within a segment), soft-capped
+# scores with per-layer windows (Gemma 2: a traced window, XLA's soft-capped path with the segment masks), and RoPE
+# whose frequencies depend on the length (dynamic, longrope: from each packed sequence's own length, past 24 tokens).
+CASES = ("llama", "mistral_sliding_window", "gemma2", "granite_dynamic_rope", "phi3_longrope_partial_sliding")
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", CASES)
 def test_packed_scores_match_transformers_in_full_and_after_a_shared_prefix(case, tmp_path):
-    family, overrides = CASES[case]
-    torch_model = tiny_checkpoint(family, tmp_path, **overrides)
+    family, overrides = MODELS[case]
+    torch_model = FreshRope(tiny_checkpoint(family, tmp_path, **overrides))
     scorer = scorer_for(tmp_path, "float32", PLAN)
     rng = np.random.default_rng(3)
     query = rng.integers(0, 128, 12).tolist()
@@ -85,6 +88,8 @@ def test_packed_scores_match_transformers_in_full_and_after_a_shared_prefix(case
     for sequences in (full, shared):
         np.testing.assert_allclose(scorer.score(sequences, labels), torch_label_logprobs(torch_model, sequences, labels),
                                    atol=1e-4, rtol=0)
+    if scorer.rope_length_limit is not None:  # rows of sequences longer than the limit: their own frequencies
+        assert max(map(len, full)) > scorer.rope_length_limit
     assert scorer.prefix_batches >= 1 and {m for m, _ in scorer.exe._compiled} >= {
         "hidden_packed", "hidden_packed_after_context", "prefill_context"}
 
