@@ -113,14 +113,14 @@ def context(q: jax.Array, ctx_k: jax.Array, ctx_v: jax.Array, ctx_len: jax.Array
     C = ctx_k.shape[0]
     G = _data_groups(B)  # G = 1 builds exactly the single-device program of before (no broadcast, same reshape)
     folded = _by_group(q.reshape(G, B * T // G, N, E), G)
-    keys = _by_group(ctx_k[None] if G == 1 else jnp.broadcast_to(ctx_k[None], (G, *ctx_k.shape)), G)
-    values = _by_group(ctx_v[None] if G == 1 else jnp.broadcast_to(ctx_v[None], (G, *ctx_v.shape)), G)
     ctx_pos = jnp.arange(C)
     if window is None:
         visible = jnp.broadcast_to(ctx_pos < ctx_len, (G, B * T // G, C))
     else:  # a sliding window shorter than the sequences: which context keys are visible depends on the position
         visible = (ctx_pos < ctx_len) & (ctx_pos[None, :] > positions.reshape(B * T, 1) - window)  # [B*T, C]
         visible = visible[None] if G == 1 else visible.reshape(G, B * T // G, C)
+    keys = _by_group(ctx_k[None] if G == 1 else jnp.broadcast_to(ctx_k[None], (G, *ctx_k.shape)), G)
+    values = _by_group(ctx_v[None] if G == 1 else jnp.broadcast_to(ctx_v[None], (G, *ctx_v.shape)), G)
     if softcap is not None:
         return _softcapped(folded, keys, values, visible, scale, softcap)
     if window is None:
