@@ -90,6 +90,7 @@ class ExecutableStore:
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
         self._unloadable: set[str] = set()  # fingerprints whose executables did not load: compile instead
+        self._lock = threading.Lock()  # Scorer.compile_all loads from several threads
 
     def _path(self, fingerprint: str, method: str, key: tuple) -> Path:
         return self.directory / fingerprint / f"{method}-{'x'.join(map(str, key)) or 'scalar'}.jaxexe"
@@ -103,9 +104,12 @@ class ExecutableStore:
         try:
             return serialize_executable.deserialize_and_load(*pickle.loads(path.read_bytes()))
         except Exception as exc:  # unreadable, from another build, or compiled deviceless for a device it does not fit
-            self._unloadable.add(fingerprint)  # one line for the set, not one per bucket
-            log.warning("executable store: %s did not load (%s: %s); compiling every bucket not yet loaded instead",
-                        path, type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "")
+            with self._lock:  # one line for the set, not one per bucket (nor per loading thread)
+                first = fingerprint not in self._unloadable
+                self._unloadable.add(fingerprint)
+            if first:
+                log.warning("executable store: %s did not load (%s: %s); compiling every bucket not yet loaded "
+                            "instead", path, type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "")
             return None
 
     def save(self, fingerprint: str, method: str, key: tuple, compiled: jax.stages.Compiled) -> int:
