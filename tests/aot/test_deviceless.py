@@ -1,6 +1,7 @@
 """Deviceless ahead-of-time compilation: every entry point compiles for an H100 (bfloat16, cuDNN attention in every
 layer body) and a TPU v5e on this CPU host, serializes into the executable store, and under the fingerprint a start
-with the weights on the same target computes; sharded cuDNN programs (an H100 x4 mesh) serialize too.
+with the weights on the same target computes; sharded cuDNN programs (an H100 x4 mesh) serialize too. Gemma 2
+(soft-capped attention: XLA on the GPU) and Qwen3-MoE (top-k routing in every layer) compile for both targets.
 
 The accelerator plugins live in their own venv (.venv-aot, `make setup-aot`, the `aot` extra): installed beside the
 test tools they print CUDA/TPU start-up errors into every JAX process. So one worker process there
@@ -27,6 +28,8 @@ TINY = {"architectures": ["LlamaForCausalLM"], "vocab_size": 128, "hidden_size":
 LAYERS = TINY["num_hidden_layers"]
 # Two length buckets (one above the packed row width of 32: a wide row too), one context, few labels.
 BUCKETS = {"length_buckets": [32, 64], "context_buckets": [32], "max_labels": 4}
+# What the other families compile: the packed layer bodies (in full, after a context) and every position's top-k.
+FAMILY_METHODS = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "token_logprobs"}
 PACKED = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "label_logprobs", "token_logprobs"}
 GRID = {"hidden", "hidden_after_context"}
 BODIES = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "token_logprobs", *GRID}
@@ -42,6 +45,7 @@ def deviceless(tmp_path_factory) -> dict:
         (tmp / name).mkdir()
         (tmp / name / "config.json").write_text(json.dumps({**TINY, **overrides}))
     causal, classify = str(tmp / "causal"), str(tmp / "classify")
+    families = {case: str(family_config(case, tmp / case)) for case in ("gemma2", "qwen3_moe_linear_rope")}
     cases = [
         {"name": "h100", "target": "h100", "config_dir": causal, "settings": BUCKETS, "start_side": True},
         {"name": "h100_grid", "target": "h100", "config_dir": causal, "methods": sorted(GRID),
@@ -59,12 +63,29 @@ def deviceless(tmp_path_factory) -> dict:
                       "suffix_batch_buckets": [4]}},
         {"name": "tpu_classify", "target": "tpu-v5e", "config_dir": classify, "methods": ["class_logits"],
          "settings": BUCKETS},
+        # Soft-capped attention and per-layer windows (XLA on the GPU too); routed experts (top-k in every layer).
+        *({"name": f"{target}_{case}", "target": target, "config_dir": config_dir, "settings": BUCKETS,
+           "methods": sorted(FAMILY_METHODS)} for target in ("h100", "tpu-v5e") for case, config_dir in families.items()),
     ]
     spec = {"xla_dir": str(tmp / "xla"), "cases": cases}
     done = subprocess.run([str(AOT_PYTHON), "-m", "tests.aot.aot_worker", json.dumps(spec)], cwd=REPO,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def family_config(case: str, directory: Path) -> Path:
+    """config.json of a tiny case of tests/runtime (tests.runtime.conftest.CASES) as transformers writes it."""
+    import transformers
+
+    from tests.runtime.conftest import CASES, FAMILIES, TINY
+
+    family, overrides = CASES[case]
+    config_class, model_class = FAMILIES[family]
+    config = getattr(transformers, config_class)(**{**TINY, **overrides})
+    config.architectures = [model_class]
+    config.save_pretrained(directory)
+    return directory
 
 
 def by_method(case: dict) -> dict[str, dict]:
@@ -115,3 +136,20 @@ def test_a_bucket_larger_than_the_device_fails_the_build_naming_bucket_and_bytes
     [problem] = deviceless["l4_small"]["memory_problems"]
     assert problem.startswith("bucket hidden_packed(1, 16) needs ") and "on one NVIDIA L4" in problem
     assert "temporaries" in problem and "GB usable" in problem
+
+
+@pytest.mark.parametrize("case", ["gemma2", "qwen3_moe_linear_rope"])
+def test_gemma2_and_qwen3_moe_compile_for_an_h100_and_a_tpu_v5e(deviceless, case):
+    """Gemma 2 soft-caps its attention scores, which cuDNN cannot: XLA attention on the H100 (its soft-capped path on
+    every layer body, the cascade's and packed rows' included); Qwen3-MoE routes with top-k in every layer body and
+    keeps cuDNN."""
+    h100, tpu = deviceless[f"h100_{case}"], deviceless[f"tpu-v5e_{case}"]
+    gemma = case == "gemma2"
+    # XLA attention on a GPU runs in float32 (runtime.serving.platform.attention_dtype), cuDNN in bfloat16.
+    assert ("attention xla in float32" if gemma else "attention cudnn in bfloat16") in h100["platform"]
+    for method, row in by_method(h100).items():
+        assert row["serialized_bytes"] > 0 and row["layer_loops"] == 1, method
+        assert row["cudnn_layer_loops"] == (0 if gemma else 1), method
+    for method, row in by_method(tpu).items():
+        assert row["serialized_bytes"] > 0 and row["flops"] > 0 and row["attention"] == "xla", method
+    assert set(by_method(h100)) == set(by_method(tpu)) == FAMILY_METHODS
