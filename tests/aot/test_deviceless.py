@@ -65,7 +65,7 @@ def deviceless(tmp_path_factory) -> dict:
          "settings": BUCKETS},
         # Soft-capped attention and per-layer windows (XLA on the GPU too); routed experts (top-k in every layer).
         *({"name": f"{target}_{case}", "target": target, "config_dir": config_dir, "settings": BUCKETS,
-           "methods": sorted(FAMILY_METHODS)} for target in ("h100", "tpu-v5e") for case, config_dir in families.items()),
+           "methods": sorted(FAMILY_METHODS), "start_side": True} for target in ("h100", "tpu-v5e") for case, config_dir in families.items()),
     ]
     spec = {"xla_dir": str(tmp / "xla"), "cases": cases}
     done = subprocess.run([str(AOT_PYTHON), "-m", "tests.aot.aot_worker", json.dumps(spec)], cwd=REPO,
@@ -153,3 +153,5 @@ def test_gemma2_and_qwen3_moe_compile_for_an_h100_and_a_tpu_v5e(deviceless, case
     for method, row in by_method(tpu).items():
         assert row["serialized_bytes"] > 0 and row["flops"] > 0 and row["attention"] == "xla", method
     assert set(by_method(h100)) == set(by_method(tpu)) == FAMILY_METHODS
+    for side in (h100, tpu):  # config.json alone (fused parts, stacked experts) and the weights: one fingerprint
+        assert side["fingerprint"] == side["start_fingerprint"]
