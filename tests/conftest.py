@@ -10,6 +10,11 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 # Same default as the Makefile, so tests reuse the converted model and the XLA cache.
 CACHE_DIR = Path(os.environ.setdefault("SCOREFN_CACHE_DIR", str(REPO / ".cache" / "scorefn")))
+# Servers the tests start run from the serve-only venv when `make test` has made it (scripts/serve_check.py ran
+# there): what `make serve` installs, and without the test extras' PyTorch for transformers to import.
+SERVE_ONLY = REPO / ".venv-serve" / "bin" / "scorefn"
+if SERVE_ONLY.is_file():
+    os.environ.setdefault("SCOREFN_SERVE_EXECUTABLE", str(SERVE_ONLY))
 
 
 @pytest.fixture(scope="session")

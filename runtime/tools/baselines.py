@@ -16,6 +16,20 @@ import os
 from pathlib import Path
 
 
+def _pretrained(model_dir: Path) -> dict[str, str]:
+    """from_pretrained's arguments for a model directory. A directory prepared from a GGUF file keeps its weights in
+    that file (runtime.model.gguf), so transformers reads the same file."""
+    import json
+
+    from runtime.model.gguf import GGUF_WEIGHTS
+
+    table = model_dir / GGUF_WEIGHTS
+    if not table.is_file():
+        return {"pretrained_model_name_or_path": str(model_dir)}
+    gguf = Path(json.loads(table.read_text())["gguf"])
+    return {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name}
+
+
 class TorchScorer:
     def __init__(self, model_dir: Path, dtype: str, pad_id: int, batch: int = 64):
         import torch
@@ -30,7 +44,8 @@ class TorchScorer:
             torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 here too
         self.pad_id = pad_id
         self.batch = batch  # rows per forward: bounds the activations (and, with a prefix, the copied cache)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(**_pretrained(Path(model_dir)),
+                                                          dtype=getattr(torch, dtype)).eval()
         self.model.to(self.device)
 
     def _sync(self, values):

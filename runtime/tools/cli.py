@@ -33,12 +33,12 @@ def _one_shot_scorer(settings):
     """A scorer that compiles only the buckets a single CLI run touches."""
     from runtime.serving.engine import build_scorer
     from runtime.serving.executables import enable_persistent_cache
-    from runtime.model.loader import load_model, load_tokenizer
+    from runtime.model.loader import load_model
 
     enable_persistent_cache(settings.xla_cache_dir)
     loaded = load_model(settings.model, settings.cache_dir, settings.model_id)
     scorer, _ = build_scorer(settings, loaded, lazy=True)
-    return scorer, load_tokenizer(loaded.model_dir)
+    return scorer
 
 
 def _single_token(tokenizer, text: str) -> int:
@@ -51,10 +51,14 @@ def _single_token(tokenizer, text: str) -> int:
 def cmd_score(args: argparse.Namespace) -> int:
     settings = load_settings(**({"model": args.model} if args.model else {}),
                              **({"dtype": args.dtype} if args.dtype else {}))
-    scorer, tokenizer = _one_shot_scorer(settings)
+    from runtime.model.loader import load_tokenizer, resolve_model_dir
+
+    # The labels are checked before the weights load: a label that is not one token fails at once.
+    tokenizer = load_tokenizer(resolve_model_dir(settings.model, settings.cache_dir)[0])
     labels = list(args.label_token_ids or []) + [_single_token(tokenizer, text) for text in args.labels or []]
     if not labels:
         raise SystemExit("give --label-token-ids and/or --labels")
+    scorer = _one_shot_scorer(settings)
     items = args.items if args.items is not None else [""]
     texts = [item + args.query if args.item_first else args.query + item for item in items]
     sequences = [tokenizer.encode(text) for text in texts]

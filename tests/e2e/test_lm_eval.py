@@ -69,6 +69,9 @@ def loglikelihoods(results: dict, task: str) -> list[tuple[float, bool]]:
 def test_local_completions_equals_the_hf_model(server, embedded_dir, task_manager):
     import torch
 
+    from runtime.model.gguf import embedded_gguf
+
+    gguf = embedded_gguf()
     ours = evaluate(task_manager, "local-completions", {
         "model": "SmolLM2-135M-Instruct", "base_url": f"{server.url}/v1/completions",
         "tokenizer_backend": "huggingface", "tokenizer": str(embedded_dir), "tokenized_requests": True,
@@ -76,7 +79,9 @@ def test_local_completions_equals_the_hf_model(server, embedded_dir, task_manage
         "num_concurrent": 1, "max_retries": 1})
     torch.set_flush_denormal(True)  # dequantized GGUF weights hold denormals: 10x slower without it
     try:
-        reference = evaluate(task_manager, "hf", {"pretrained": str(embedded_dir), "dtype": "float32",
+        # The same GGUF file the server dequantizes (its prepared directory holds no weights of its own).
+        reference = evaluate(task_manager, "hf", {"pretrained": str(gguf.parent), "gguf_file": gguf.name,
+                                                   "tokenizer": str(embedded_dir), "dtype": "float32",
                                                    "max_length": MAX_LENGTH, "device": "cpu"})
     finally:
         torch.set_flush_denormal(False)

@@ -4,7 +4,6 @@ classifier on the embedded model against transformers on the same GGUF, through 
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from handler.core import ScoringCore
 from handler.http import HttpRequest, PendingScore
 from runtime.serving.engine import Engine
 from runtime.settings import load_settings
-from tests.runtime.conftest import random_sequences, scorer_for, small_plan, tiny_checkpoint
+from tests.runtime.conftest import random_sequences, scorer_for, small_plan, tiny_checkpoint, tiny_served
 
 pytestmark = pytest.mark.slow
 
@@ -83,10 +82,8 @@ def test_classification_head_matches_transformers(family, tmp_path):
 def head_service(tmp_path_factory, cache_dir, embedded_dir):
     """A tiny Qwen2ForSequenceClassification with SmolLM2's tokenizer, served by the real engine."""
     model_dir = tmp_path_factory.mktemp("qwen2_cls")
-    model = tiny_checkpoint("qwen2_cls", model_dir, vocab_size=49152, num_labels=3, pad_token_id=0,
-                            id2label={0: "negative", 1: "neutral", 2: "positive"})
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(embedded_dir / name, model_dir / name)
+    model = tiny_served("qwen2_cls", model_dir, embedded_dir, num_labels=3, pad_token_id=0,
+                        id2label={0: "negative", 1: "neutral", 2: "positive"})
     settings = engine_settings(tmp_path_factory.mktemp("xla"), cache_dir, model=str(model_dir), length_buckets=(16, 32),
                                prefix_sharing=False)
     engine = Engine(settings)
@@ -191,10 +188,8 @@ def test_the_readme_shieldgemma_declaration_works_on_a_tiny_gemma2(tmp_path, cac
     (block,) = [b for b in (part.split("```")[0] for part in readme.split("```toml\n")[1:]) if "shieldgemma" in b]
     (tmp_path / "classifiers.toml").write_text(block)
     model_dir = tmp_path / "gemma2"
-    model = tiny_checkpoint("gemma2", model_dir, vocab_size=49152, sliding_window=64, attn_logit_softcapping=5.0,
-                            final_logit_softcapping=4.0)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(embedded_dir / name, model_dir / name)
+    model = tiny_served("gemma2", model_dir, embedded_dir, sliding_window=64, attn_logit_softcapping=5.0,
+                        final_logit_softcapping=4.0)
     settings = engine_settings(tmp_path, cache_dir, model=str(model_dir),
                                classifiers=str(tmp_path / "classifiers.toml"), length_buckets=(192,),
                                batch_buckets=(2,), prefix_sharing=False, completion_batch_buckets=(2,))

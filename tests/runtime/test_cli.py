@@ -5,16 +5,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+
+from runtime.tools.serverproc import SMALL_BUCKETS, scorefn_command
 
 pytestmark = pytest.mark.slow
 
 
+# The serve-only check's `scorefn score` runs with these buckets too: the executables it stored load here.
+ENV = {**os.environ, **SMALL_BUCKETS}
+
+
 def run_cli(*args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "runtime.tools.cli", "score", *args], capture_output=True, text=True,
-                         check=True, env={**os.environ, "SCOREFN_DTYPE": "float32"})
+    out = subprocess.run(scorefn_command("score", *args), capture_output=True, text=True, check=True, env=ENV)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -28,6 +32,7 @@ def test_score_with_token_ids_and_with_text_labels():
 
 
 def test_multi_token_label_is_refused():
-    result = subprocess.run([sys.executable, "-m", "runtime.tools.cli", "score", "--query", "x", "--labels", " antidisestablishment"],
-                            capture_output=True, text=True)
+    result = subprocess.run(scorefn_command("score", "--query", "x", "--labels", " antidisestablishment"),
+                            capture_output=True, text=True, env=ENV)
     assert result.returncode != 0 and "not one" in result.stderr
+    assert "loaded" not in result.stderr  # refused before the weights load

@@ -11,20 +11,30 @@ from runtime.serving import executables
 from runtime.serving.engine import Engine
 from runtime.interface import Sampling
 from runtime.settings import load_settings
-from tests.runtime.conftest import random_sequences
+from tests.runtime.conftest import random_sequences, tiny_served
 
 pytestmark = pytest.mark.slow
 
 
-def small_settings(cache_dir, xla_dir, **overrides):
-    values = dict(cache_dir=str(cache_dir), compile_cache_dir=str(xla_dir), dtype="float32",
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, embedded_dir):
+    """What these tests count (compiles, stored and loaded executables) does not depend on the model's size: a tiny
+    Llama with SmolLM2's tokenizer starts like the embedded model, and its bfloat16 programs (the layer loop
+    unrolled on a CPU) compile in a fraction of the time 30 layers take."""
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    tiny_served("llama", directory, embedded_dir, tie_word_embeddings=True)
+    return directory
+
+
+def small_settings(model_dir, cache_dir, xla_dir, **overrides):
+    values = dict(model=str(model_dir), cache_dir=str(cache_dir), compile_cache_dir=str(xla_dir), dtype="float32",
                   length_buckets=(16, 32), batch_buckets=(1, 4), suffix_length_buckets=(8,),
                   suffix_batch_buckets=(4,), max_labels=8, batch_wait_ms=0.0)
     return load_settings(**{**values, **overrides})
 
 
-def test_warmup_compiles_each_bucket_once_and_requests_compile_nothing(cache_dir, tmp_path):
-    engine = Engine(small_settings(cache_dir, tmp_path / "xla"))
+def test_warmup_compiles_each_bucket_once_and_requests_compile_nothing(model_dir, cache_dir, tmp_path):
+    engine = Engine(small_settings(model_dir, cache_dir, tmp_path / "xla"))
     engine.start()
     try:
         plan = engine.plan
@@ -48,15 +58,15 @@ def test_warmup_compiles_each_bucket_once_and_requests_compile_nothing(cache_dir
         engine.stop(5)
 
 
-def test_second_warmup_loads_every_bucket_without_tracing(cache_dir, tmp_path):
+def test_second_warmup_loads_every_bucket_without_tracing(model_dir, cache_dir, tmp_path):
     xla_dir = tmp_path / "xla"
-    first = Engine(small_settings(cache_dir, xla_dir, batch_buckets=(2,)))
+    first = Engine(small_settings(model_dir, cache_dir, xla_dir, batch_buckets=(2,)))
     first.start()
     first.stop(5)
     assert first.timings["stored"] == 0 and first.timings["cache_misses"] == first.plan.count()
     stored = list((xla_dir / "executables").glob("*/*.jaxexe"))
     assert len(stored) == first.plan.count(), "the executable store wrote no files"
-    second = Engine(small_settings(cache_dir, xla_dir, batch_buckets=(2,)))
+    second = Engine(small_settings(model_dir, cache_dir, xla_dir, batch_buckets=(2,)))
     compiled_before = executables.cache_events()["backend_compiles"]
     second.start()
     try:
@@ -64,33 +74,35 @@ def test_second_warmup_loads_every_bucket_without_tracing(cache_dir, tmp_path):
         assert second.timings["cache_misses"] == 0 and second.timings["cache_hits"] == 0
         assert executables.cache_events()["backend_compiles"] == compiled_before  # and nothing compiled
         sequences = [[5, 6, 7], [8, 9]]
-        np.testing.assert_allclose(second.score(sequences, [1, 2]), first_scores(cache_dir, xla_dir, sequences),
+        np.testing.assert_allclose(second.score(sequences, [1, 2]),
+                                   first_scores(model_dir, cache_dir, xla_dir, sequences),
                                    atol=1e-6, rtol=0)
     finally:
         second.stop(5)
 
 
-def test_a_changed_model_setting_misses_the_store(cache_dir, tmp_path):
+def test_a_changed_model_setting_misses_the_store(model_dir, cache_dir, tmp_path):
     """The store is keyed by everything that shapes an executable: another dtype traces and compiles again."""
     xla_dir = tmp_path / "xla"
     for dtype, stored in (("float32", 0), ("float32", None), ("bfloat16", 0)):
-        engine = Engine(small_settings(cache_dir, xla_dir, batch_buckets=(2,), dtype=dtype, prefix_sharing=False))
+        engine = Engine(small_settings(model_dir, cache_dir, xla_dir, batch_buckets=(2,), dtype=dtype,
+                                       prefix_sharing=False))
         engine.start()
         engine.stop(5)
         assert engine.timings["stored"] == (engine.plan.count() if stored is None else stored)
 
 
-def test_executables_from_the_persistent_cache_are_not_stored(cache_dir, tmp_path):
+def test_executables_from_the_persistent_cache_are_not_stored(model_dir, cache_dir, tmp_path):
     """XLA:CPU cannot serialize an executable it loaded from the persistent cache (it loses its generated code),
     so only fresh compilations go into the store; a start that hit the cache leaves the store as it was."""
     xla_dir = tmp_path / "xla"
-    first = Engine(small_settings(cache_dir, xla_dir, batch_buckets=(2,), prefix_sharing=False))
+    first = Engine(small_settings(model_dir, cache_dir, xla_dir, batch_buckets=(2,), prefix_sharing=False))
     first.start()
     first.stop(5)
     store = xla_dir / "executables"
     assert len(list(store.glob("*/*.jaxexe"))) == first.plan.count()
     shutil.rmtree(store)
-    second = Engine(small_settings(cache_dir, xla_dir, batch_buckets=(2,), prefix_sharing=False))
+    second = Engine(small_settings(model_dir, cache_dir, xla_dir, batch_buckets=(2,), prefix_sharing=False))
     second.start()
     try:
         assert second.timings["cache_hits"] == second.plan.count() and not list(store.glob("*/*.jaxexe"))
@@ -99,9 +111,9 @@ def test_executables_from_the_persistent_cache_are_not_stored(cache_dir, tmp_pat
         second.stop(5)
 
 
-def first_scores(cache_dir, xla_dir, sequences):
+def first_scores(model_dir, cache_dir, xla_dir, sequences):
     """The same scores from a freshly traced and compiled scorer (through the persistent cache)."""
-    engine = Engine(small_settings(cache_dir, xla_dir / "other", batch_buckets=(2,)))
+    engine = Engine(small_settings(model_dir, cache_dir, xla_dir / "other", batch_buckets=(2,)))
     engine.start()
     try:
         return engine.score(sequences, [1, 2])
