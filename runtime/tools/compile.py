@@ -70,9 +70,14 @@ def memory_problems(rows: list[dict], target) -> list[str]:
 def compile_target(target_name: str, settings, json_out: str | None = None) -> dict:
     from runtime.model.config import load_config
     from runtime.serving.compose import compose
+    from runtime.serving.executables import enable_persistent_cache
     from runtime.serving.targets import parse_target
 
     target = parse_target(target_name)
+    # The settings' own compile cache, as a start and `scorefn warmup` use: only a fresh compile is stored
+    # (runtime.serving.executables.Executables.add), so a cache left configured by earlier work in this process
+    # (another directory holding these programs) would leave the store empty.
+    enable_persistent_cache(settings.xla_cache_dir)
     cfg = load_config(model_config_dir(settings.model, settings.cache_dir))
     devices = target.devices()
     if len(devices) < target.device_count:
