@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from runtime.serving.buckets import BucketPlan, Chunk, SequenceTooLong, fit
+from runtime.serving.cost import Work
 from runtime.serving.executables import Executables, ExecutableStore, spec
 from runtime.interface import Sampling, TokenLogprobs
 from runtime.model.transformer import Llama
@@ -178,6 +179,19 @@ class Scorer:
         pending += self._dispatch_full(full_rows, jobs)
         pending += self._dispatch_tokens(token_rows, jobs)
         return Round(jobs, pending)
+
+    def cost(self, job: Job | TokenJob) -> Work:
+        """The device work dispatch() plans for this job on its own: device batches and padded tokens per kind
+        (the engine's admission and service-time estimate count in it)."""
+        p = self.plan
+        lengths = sorted(map(len, job.sequences), reverse=True)
+        if isinstance(job, TokenJob):
+            return Work.of("completion", p.split_completions(lengths))
+        shared = self._prefix_length(job.sequences)
+        if not shared:
+            return Work.of("full", p.split_full(lengths))
+        return Work(batches=1, context=fit(p.contexts(), shared)) + Work.of(
+            "continuation", p.split_suffixes([n - shared for n in lengths]))
 
     def collect(self, round: Round) -> list:
         """Wait for a dispatched round and fetch all its outputs in one transfer: per job, [n_sequences, n_labels]

@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 
+from runtime.serving.cost import Work
 from runtime.serving.engine import Engine, bucket_plan
 from runtime.serving.platform import resolve
 from runtime.settings import load_settings
@@ -24,6 +25,10 @@ class RecordingScorer:
         self.device_done = threading.Event()
         self.dispatched = threading.Event()
         self.rounds = 0
+
+    @staticmethod
+    def cost(job) -> Work:
+        return Work(batches=1, full=sum(map(len, job.sequences)))
 
     def dispatch(self, jobs):
         self.rounds += 1
