@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:
     from runtime.serving.buckets import Chunk
@@ -41,6 +41,13 @@ class Work:
         """The device batches a BucketPlan split makes, as work of one kind."""
         return cls(batches=len(chunks), **{kind: float(sum(chunk.padded_tokens for chunk in chunks))})
 
+    @classmethod
+    def shared(cls, kind: str, chunks: Sequence["Chunk"], full_batch: Callable[[int], int]) -> "Work":
+        """Rows that other requests' rows can join in a device batch: each pays its length bucket and its share
+        of a full batch (`full_batch(length)` rows), as on a busy device."""
+        return cls(batches=sum(c.rows / full_batch(c.length) for c in chunks),
+                   **{kind: float(sum(c.rows * c.length for c in chunks))})
+
     def vector(self) -> tuple[float, float, float, float, float]:
         return self.batches, self.full, self.context, self.continuation, self.completion
 
@@ -63,7 +70,7 @@ class ServiceModel:
 
     # How far one round moves the estimate towards what it measured (in log space), and the largest correction
     # one round may ask for: a round slowed by something else (a GC pause, a noisy neighbour) moves it little.
-    RATE = 0.3
+    RATE = 0.5
     MAX_RATIO = 4.0
     FLOOR = 1e-9  # a parameter never reaches 0 (a multiplicative update could not move it back)
 
@@ -120,7 +127,7 @@ def calibrate(scorer: "Scorer", grow_until: float = 2.0) -> ServiceModel:
     plan = scorer.plan
 
     def timed(job) -> tuple[Work, float]:
-        work = scorer.cost(job)
+        work = scorer.cost([job])
         started = time.perf_counter()
         scorer.score_jobs([job])
         return work, time.perf_counter() - started
@@ -132,13 +139,13 @@ def calibrate(scorer: "Scorer", grow_until: float = 2.0) -> ServiceModel:
         tokens = batch * length
         if tokens < 4 * big_work.full or batch * length > max(plan.max_tokens // 4, shortest):
             continue
-        big_work, big_s = timed(Job([[1] * length] * batch, [0]))
+        big_work, big_s = timed(Job([[2 + i % 64] + [1] * (length - 1) for i in range(batch)], [0]))  # no common prefix
         if big_s >= grow_until * small_s:
             break
     per_token = (big_s - small_s) / (big_work.full - small_work.full) if big_work.full > small_work.full else 0.0
     per_batch = small_s - per_token * small_work.full
     if per_token <= 0 or per_batch < 0:  # noise: charge everything to the tokens
-        per_token, per_batch = big_s / big_work.full, 0.0
+        per_token, per_batch = big_s / max(big_work.full, 1.0), 0.0
     rates = dict.fromkeys(KINDS, per_token)
     target = big_work.full
 

@@ -156,7 +156,8 @@ class Engine:
         self.scorer = scorer
         self.plan = getattr(scorer, "plan", self.plan)
         self.service = service or ServiceModel.neutral()
-        self._scheduler = Scheduler(self.service, scorer.cost, self.settings.max_queue, self.settings.max_wait_s)
+        self._scheduler = Scheduler(self.service, lambda job: scorer.cost([job], marginal=True),
+                                    self.settings.max_queue, self.settings.max_wait_s, round_cost=scorer.cost)
         self._thread = threading.Thread(target=self._device_loop, name="scorefn-device", daemon=True)
         self._thread.start()
         self._ready.set()

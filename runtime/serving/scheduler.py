@@ -1,21 +1,23 @@
-"""Admission by predicted wait, and device rounds that interleave large requests with small ones.
+"""Admission by predicted wait, and device rounds that keep large requests from holding up small ones.
 
-Rounds. Admitted requests wait in a ring. Each device round takes up to `round_s` (a quarter of SCOREFN_MAX_WAIT_S)
-of predicted device work, handing each request, in ring order, at most `quantum_s` (half a round) per pass; a
-request larger than that is cut into slices of its items and is served again in later rounds. After a round, the
-requests it served go behind those it did not reach (round robin). So a one-item request admitted behind a
-1,024-item one waits for a slice of it, never for all of it, and the large one still moves on every round.
+Two lanes. A request whose own work is predicted to take at most half of SCOREFN_MAX_WAIT_S is *normal*; a larger one
+(it cannot meet the budget even at half the device) is *bulk*. Normal requests are served first come, first served;
+bulk requests one at a time, beside them. Each device round holds up to `round_s` (a quarter of the budget) of
+predicted work: normal requests in order (one that does not fit goes on in the next round, first), and while normal
+work waits, the head bulk request gets `BULK_SHARE` of the round, cut into slices of its items; with no normal work
+it gets the whole round. So a one-item request never waits for all of a 1,024-item request, only for its slice of
+each round, and the large one moves on every round.
 
-Admission follows from that schedule. A request whose own work is predicted to take `own` seconds waits for the
-rounds in flight and, for each request already in the ring, for what that one has left or `own` rounded up to a
-quantum, whichever is less (processor sharing, in slices): its predicted wait. It is admitted when
+Admission follows from that schedule (`own`: the request's predicted device seconds, `ahead`: those still to run of
+the requests before it in its lane, `inflight`: the rounds dispatched and not done):
 
-    wait + min(own, max_wait / 2) <= max_wait    and it would start before its deadline,
+    normal: inflight + (ahead + own) * stretch <= max_wait,   stretch = 1 / (1 - BULK_SHARE) while bulk work waits
+    bulk:   inflight + ahead / BULK_SHARE <= max_wait          (it starts within the budget)
 
-so a request too large to meet the budget on its own (own > max_wait / 2) needs half of the budget free. Otherwise
-QueueFull, with the seconds the work ahead needs to drain that far as its Retry-After. Work is weighed in predicted
-device seconds of its padded tokens (runtime.serving.cost), never by counting requests; SCOREFN_MAX_QUEUE stays a
-hard cap on their number. Pure Python: the scorer is reached through `cost` and the jobs it is given.
+and a request must start before its deadline. Otherwise QueueFull, with the seconds the work ahead needs to drain that
+far as its Retry-After. Work is weighed in predicted device seconds of its padded tokens (runtime.serving.cost), never
+by counting requests; SCOREFN_MAX_QUEUE stays a hard cap on their number. Pure Python: the scorer is reached through
+`cost`, `round_cost` and the jobs it is given.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Entry:
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
     next_row: int = 0  # rows [0, next_row) are dispatched
     started: bool = False  # its first slice is taken (its future is running)
+    bulk: bool = False  # too large for the wait budget: served beside the others (see the module's docstring)
     parts: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (first row, a slice's result)
     rows_done: int = 0
     device_s: float = 0.0  # seconds of the rounds that carried its slices
@@ -102,17 +105,23 @@ class Round:
 
 
 class Scheduler:
+    BULK_SHARE = 0.5  # of each round, for the head bulk request while normal work waits
     def __init__(self, model: ServiceModel, cost: Callable[[Any], Work], max_queue: int, max_wait_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 round_cost: Callable[[list], Work] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """`cost(job)`: a request's device work on a busy device (what it adds to a round); `round_cost(jobs)`: the
+        work of a round as the scorer plans it (default: the sum of its slices')."""
         self.model = model
         self.max_queue = max_queue
         self.max_wait_s = max_wait_s
         self.round_s = max_wait_s / 4
-        self.quantum_s = self.round_s / 2
         self.refused = {"wait": 0, "queue": 0}
+        self.packing = 1.0  # planned seconds of a round / the sum of its requests' estimates (learned)
+        self._bulk_credit = 0.0  # seconds of device time the bulk lane has earned and not yet spent
         self._cost = cost
+        self._round_cost = round_cost
         self._clock = clock
-        self._ring: list[Entry] = []
+        self._normal: list[Entry] = []  # first come, first served
+        self._bulk: list[Entry] = []  # one at a time, beside the normal ones
         self._in_flight: list[Round] = []
         self._cv = threading.Condition()
         self._closed = False  # no new work
@@ -124,17 +133,22 @@ class Scheduler:
         work = self._cost(job)  # outside the lock: finding a shared prefix reads every sequence
         shared = Work(batches=1, context=work.context) if work.context else Work()
         entry = Entry(job, deadline, request_id, shared, (work - shared) * (1 / len(job.sequences)))
-        own = self.model.seconds(work)
         with self._cv:
             if self._closed:
                 raise QueueFull("the server is shutting down")
-            if len(self._ring) >= self.max_queue:
+            if len(self._normal) + len(self._bulk) >= self.max_queue:
                 self.refused["queue"] += 1
                 raise QueueFull(f"{self.max_queue} requests are already waiting (SCOREFN_MAX_QUEUE)",
                                 retry_after_s=math.ceil(self._in_flight_s() + self.round_s))
+            own = self._seconds(work)
+            entry.bulk = own > self.max_wait_s / 2
             now = self._clock()
-            wait = self._wait_s(own)
-            over = wait + min(own, self.max_wait_s / 2) - self.max_wait_s
+            if entry.bulk:
+                wait = self._bulk_wait_s()
+                over = wait - self.max_wait_s
+            else:
+                wait = self._normal_wait_s()
+                over = wait + own * self._stretch() - self.max_wait_s
             late = now + wait - deadline if deadline is not None else 0.0
             if over > 0 or late > 0:
                 self.refused["wait"] += 1
@@ -142,14 +156,28 @@ class Scheduler:
                                 f"over the limit of {self.max_wait_s:g} s (SCOREFN_MAX_WAIT_S)",
                                 retry_after_s=math.ceil(max(over, late)))
             entry.submitted = now
-            self._ring.append(entry)
+            (self._bulk if entry.bulk else self._normal).append(entry)
             self._cv.notify_all()
         return entry.future
 
-    def _wait_s(self, own: float) -> float:
-        """Predicted seconds before a new request of `own` seconds is done, less its own work (lock held)."""
-        horizon = max(1, math.ceil(own / self.quantum_s)) * self.quantum_s
-        return self._in_flight_s() + sum(min(self.model.seconds(e.left()), horizon) for e in self._ring)
+    def _stretch(self) -> float:
+        """How much longer normal work takes while bulk work waits beside it (lock held)."""
+        return 1 / (1 - self.BULK_SHARE) if self._bulk else 1.0
+
+    def _normal_wait_s(self) -> float:
+        """Predicted seconds before a new normal request starts (lock held)."""
+        return self._in_flight_s() + sum(self._seconds(e.left()) for e in self._normal) * self._stretch()
+
+    def _bulk_wait_s(self) -> float:
+        """Predicted seconds before a new bulk request starts (lock held)."""
+        ahead = sum(self._seconds(e.left()) for e in self._bulk)
+        share = self.BULK_SHARE if self._normal else 1.0  # of the device, while normal work waits
+        return self._in_flight_s() + ahead / share
+
+    def _seconds(self, work: Work) -> float:
+        """Predicted seconds of queued work: its estimate, times how rounds have packed such estimates (lock held).
+        Rounds themselves are filled by the estimates alone: packing must not change what a round holds."""
+        return self.packing * self.model.seconds(work)
 
     def _in_flight_s(self) -> float:
         if not self._in_flight:
@@ -165,65 +193,108 @@ class Scheduler:
         requests to join it. None once stopped."""
         with self._cv:
             while True:
-                while not self._ring and not self._stopped:
+                while not (self._normal or self._bulk) and not self._stopped:
                     self._cv.wait()
                 if self._stopped:
                     return None
                 if coalesce_s > 0 and not self._in_flight:
                     until = self._clock() + coalesce_s
-                    while (not self._stopped and sum(self.model.seconds(e.left()) for e in self._ring) < self.round_s
+                    while (not self._stopped and self._queued_s() < self.round_s
                            and (remaining := until - self._clock()) > 0):
                         self._cv.wait(remaining)
                 slices = self._take()
                 if slices:
                     work = sum((s.work for s in slices), Work())
+                    if self._round_cost is not None:  # as planned: rows padded together, batches shared
+                        planned = self._round_cost([s.job for s in slices])
+                        self._learn_packing(self.model.seconds(planned) / max(self.model.seconds(work), 1e-9))
+                        work = planned
                     round = Round(slices, work, self.model.seconds(work), self._clock())
                     self._in_flight.append(round)
                     return round
+                # Nothing taken: every waiting request was dropped (the heads of both lanes always get a slice).
+
+    def _queued_s(self) -> float:
+        return sum(self.model.seconds(e.left()) for e in (*self._normal, *self._bulk))
+
+    def _learn_packing(self, ratio: float) -> None:
+        """Requests are estimated alone (their rows at their own length, a share of full batches); a round pads
+        rows of different lengths together and may not fill its batches. Track the planned / estimated ratio."""
+        ratio = min(max(ratio, 1 / ServiceModel.MAX_RATIO), ServiceModel.MAX_RATIO)
+        self.packing *= (ratio / self.packing) ** ServiceModel.RATE
 
     def _take(self) -> list[Slice]:
-        """Fill a round: passes over the ring, each request getting at most a quantum per pass (lock held)."""
+        """Fill a round (lock held): normal requests in order; the head bulk request beside them. While both lanes
+        wait, normal work gets (1 - BULK_SHARE) of a round, and the bulk lane earns as credit the time normal work
+        got (in the ratio of the shares), spent on a slice once it covers the smallest one (deficit round robin: a
+        slice larger than its share comes every few rounds, and the lanes still split the device as the shares say)."""
+        self._drop_dead()
         budget = self.round_s
-        taken: dict[Entry, Slice] = {}
-        progress = True
-        while budget > 0 and progress:
-            progress = False
-            for entry in list(self._ring):
-                if budget <= 0:
-                    break
-                if not entry.started and not self._start(entry):
-                    self._ring.remove(entry)
-                    continue
-                current = taken.get(entry)
-                rows = self._slice_rows(entry, min(self.quantum_s, budget), first=current is None,
-                                        force=not taken)
-                if not rows:
-                    continue
-                added = Slice(entry, entry.next_row, entry.next_row + rows)
-                budget -= self.model.seconds(added.work if current is None else entry.per_row * rows)
-                entry.next_row += rows
-                if current is None:
-                    taken[entry] = added
-                else:
-                    current.stop = entry.next_row  # slices of one request in one round are contiguous
-                progress = True
-                if not entry.rows_left:
-                    self._ring.remove(entry)
-        # Round robin: those served go behind those not reached.
-        self._ring = [e for e in self._ring if e not in taken] + [e for e in self._ring if e in taken]
-        return list(taken.values())
+        taken: list[Slice] = []
+        both = bool(self._normal and self._bulk)
+        kept = self.BULK_SHARE * self.round_s if both else 0.0  # of the budget, not for normal work
+        normal_s = 0.0
+        while self._normal and budget > kept:
+            entry = self._normal[0]
+            rows = self._slice_rows(entry, budget - kept, force=not taken)
+            if not rows:
+                break  # first come, first served: nothing overtakes the head
+            spent = self._add(taken, entry, rows)
+            budget -= spent
+            normal_s += spent
+            if entry.rows_left:
+                break  # it goes on in the next round, first
+            self._normal.pop(0)
+            self._drop_dead()
+        if not self._bulk:
+            self._bulk_credit = 0.0
+            return taken
+        entry = self._bulk[0]
+        if both:  # as much device time as normal work got, in the ratio of the shares
+            self._bulk_credit += normal_s * self.BULK_SHARE / (1 - self.BULK_SHARE)
+            limit, force = self._bulk_credit, self._bulk_credit >= self._smallest_s(entry)
+        else:
+            limit, force = budget, not taken
+        rows = self._slice_rows(entry, limit, force=force)
+        if rows:
+            spent = self._add(taken, entry, rows)
+            self._bulk_credit = max(0.0, self._bulk_credit - spent) if both else 0.0
+            if not entry.rows_left:
+                self._bulk.pop(0)
+        return taken
 
-    def _slice_rows(self, entry: Entry, limit_s: float, first: bool, force: bool) -> int:
+    def _add(self, taken: list[Slice], entry: Entry, rows: int) -> float:
+        """Put the entry's next `rows` in the round; returns their predicted seconds."""
+        piece = Slice(entry, entry.next_row, entry.next_row + rows)
+        taken.append(piece)
+        entry.next_row += rows
+        return self.model.seconds(piece.work)
+
+    def _drop_dead(self) -> None:
+        """Start the head of each lane: drop those whose client went away or whose deadline passed (lock held)."""
+        for lane in (self._normal, self._bulk):
+            while lane and not lane[0].started and not self._start(lane[0]):
+                lane.pop(0)
+
+    def _smallest_s(self, entry: Entry) -> float:
+        return self.model.seconds(entry.shared + entry.per_row * self._smallest(entry))
+
+    def _smallest(self, entry: Entry) -> int:
+        """Rows of an entry's smallest slice: 1, or with a shared prefix (computed again for every slice) enough rows
+        to cost as much as the prefix (and 2): slicing costs at most half of the device time it splits."""
+        if not entry.shared.batches:
+            return 1
+        rows = math.ceil(self.model.seconds(entry.shared) / self.model.seconds(entry.per_row) - 1e-9)
+        return min(max(2, rows), entry.rows_left)
+
+    def _slice_rows(self, entry: Entry, limit_s: float, force: bool) -> int:
         """How many of the entry's next rows fit in `limit_s` (0: not even its smallest slice, unless forced)."""
         row_s = self.model.seconds(entry.per_row)
-        shared_s = self.model.seconds(entry.shared)
-        # A shared prefix is computed again for every slice: slices hold at least 3x its cost (and 2 rows).
-        smallest = min(max(2, math.ceil(3 * shared_s / row_s - 1e-9)), entry.rows_left) if entry.shared.batches else 1
-        fits = int((limit_s - (shared_s if first else 0.0)) // row_s)
-        least = smallest if first else 1
-        if fits < least and not force:
+        smallest = self._smallest(entry)
+        fits = int((limit_s - self.model.seconds(entry.shared)) // row_s)
+        if fits < smallest and not force:
             return 0
-        rows = max(fits, least)
+        rows = max(fits, smallest)
         if entry.rows_left - rows < smallest:  # no tail too small to share its prefix
             rows = entry.rows_left
         return min(rows, entry.rows_left)
@@ -257,8 +328,9 @@ class Scheduler:
     def drop(self, entry: Entry) -> None:
         """A failed request: none of its other rows are computed."""
         with self._cv:
-            if entry in self._ring:
-                self._ring.remove(entry)
+            lane = self._bulk if entry.bulk else self._normal
+            if entry in lane:
+                lane.remove(entry)
 
     # ---- life cycle -----------------------------------------------------------------------------------
 
@@ -269,12 +341,12 @@ class Scheduler:
     def wait_idle(self, timeout: float) -> bool:
         """Wait until nothing is queued or in flight; False if `timeout` passed first."""
         with self._cv:
-            return self._cv.wait_for(lambda: not self._ring and not self._in_flight, timeout)
+            return self._cv.wait_for(lambda: not (self._normal or self._bulk or self._in_flight), timeout)
 
     def take_waiting(self) -> list[Entry]:
         """Remove and return every request still waiting (the drain's grace period is over)."""
         with self._cv:
-            waiting, self._ring = self._ring, []
+            waiting, self._normal, self._bulk = self._normal + self._bulk, [], []
             return waiting
 
     def stop(self) -> None:
@@ -284,8 +356,8 @@ class Scheduler:
 
     def stats(self) -> dict[str, float]:
         with self._cv:
-            return {"queue_depth": len(self._ring),
-                    "predicted_wait_seconds": self._wait_s(0.0),
-                    "backlog_seconds": self._in_flight_s() + sum(self.model.seconds(e.left()) for e in self._ring),
-                    "max_wait_seconds": self.max_wait_s,
+            return {"queue_depth": len(self._normal) + len(self._bulk), "queue_depth_bulk": len(self._bulk),
+                    "predicted_wait_seconds": self._normal_wait_s(),
+                    "backlog_seconds": self._in_flight_s() + self.packing * self._queued_s(),
+                    "max_wait_seconds": self.max_wait_s, "packing": self.packing,
                     "refused_wait": self.refused["wait"], "refused_queue": self.refused["queue"]}

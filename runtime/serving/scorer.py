@@ -180,18 +180,27 @@ class Scorer:
         pending += self._dispatch_tokens(token_rows, jobs)
         return Round(jobs, pending)
 
-    def cost(self, job: Job | TokenJob) -> Work:
-        """The device work dispatch() plans for this job on its own: device batches and padded tokens per kind
-        (the engine's admission and service-time estimate count in it)."""
+    def cost(self, jobs: Sequence[Job | TokenJob], marginal: bool = False) -> Work:
+        """The device work dispatch(jobs) plans: device batches and padded tokens per kind (the engine's admission
+        and service-time estimate count in it). `marginal`: rows that share device batches with other requests'
+        rows (full, completion) pay their share of a full batch, as on a busy device, not a batch of their own."""
         p = self.plan
-        lengths = sorted(map(len, job.sequences), reverse=True)
-        if isinstance(job, TokenJob):
-            return Work.of("completion", p.split_completions(lengths))
-        shared = self._prefix_length(job.sequences)
-        if not shared:
-            return Work.of("full", p.split_full(lengths))
-        return Work(batches=1, context=fit(p.contexts(), shared)) + Work.of(
-            "continuation", p.split_suffixes([n - shared for n in lengths]))
+        work, full_rows, token_rows = Work(), [], []
+        for job in jobs:
+            if isinstance(job, TokenJob):
+                token_rows += map(len, job.sequences)
+            elif shared := self._prefix_length(job.sequences):
+                rests = sorted((len(seq) - shared for seq in job.sequences), reverse=True)
+                work += Work(batches=1, context=fit(p.contexts(), shared)) + Work.of("continuation",
+                                                                                   p.split_suffixes(rests))
+            else:
+                full_rows += map(len, job.sequences)
+        chunks = {"full": (p.split_full(sorted(full_rows, reverse=True)), p.batches),
+                  "completion": (p.split_completions(sorted(token_rows, reverse=True)), p.completion_batches)}
+        for kind, (split, batches) in chunks.items():
+            work += Work.shared(kind, split, lambda length: p.batch_for(length, batches)) if marginal else Work.of(
+                kind, split)
+        return work
 
     def collect(self, round: Round) -> list:
         """Wait for a dispatched round and fetch all its outputs in one transfer: per job, [n_sequences, n_labels]

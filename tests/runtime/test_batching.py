@@ -59,7 +59,7 @@ def test_the_cost_of_a_request_is_the_device_work_the_scorer_plans_for_it(engine
     jobs = {"full": Job([rng.integers(0, 49152, n).tolist() for n in (30, 20, 10, 5, 3)], [1]),
             "shared prefix": Job([query + [i] for i in range(9)], [1]),
             "completion": TokenJob(random_sequences(rng, 3, 2, 20, 49152), [Sampling()] * 3)}
-    costs = {name: engine.scorer.cost(job) for name, job in jobs.items()}
+    costs = {name: engine.scorer.cost([job]) for name, job in jobs.items()}
     assert costs["full"].full == 16 * 32 and costs["full"].batches == 1  # 5 rows padded to a batch of 16 x 32
     # a 20-token prefix in a 32-token context, then 9 one-token items in batches of 4 x 8
     assert costs["shared prefix"].context == 32 and costs["shared prefix"].continuation == 3 * 4 * 8

@@ -41,8 +41,8 @@ class StubScorer:
         self.plan = bucket_plan(settings, resolve(settings, backend="cpu"))
 
     @staticmethod
-    def cost(job) -> Work:
-        return Work(batches=1, full=sum(map(len, job.sequences)))
+    def cost(jobs, marginal: bool = False) -> Work:
+        return Work(batches=len(jobs), full=sum(len(seq) for job in jobs for seq in job.sequences))
 
     def collect(self, results: list[np.ndarray]) -> list[np.ndarray]:
         return results

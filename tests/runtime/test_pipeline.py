@@ -27,8 +27,8 @@ class RecordingScorer:
         self.rounds = 0
 
     @staticmethod
-    def cost(job) -> Work:
-        return Work(batches=1, full=sum(map(len, job.sequences)))
+    def cost(jobs, marginal: bool = False) -> Work:
+        return Work(batches=len(jobs), full=sum(len(seq) for job in jobs for seq in job.sequences))
 
     def dispatch(self, jobs):
         self.rounds += 1
