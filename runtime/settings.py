@@ -118,11 +118,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_labels", "1024", int, "Most label_token_ids in one request."),
     Setting("max_total_tokens", "262144", int, "Most tokens summed over all sequences of one request."),
     Setting("max_body_bytes", "4194304", int, "Largest request body in bytes (413 request_too_large beyond)."),
-    Setting("max_queue", "256", int, "Most requests waiting for the device; beyond it 429 rate_limit_exceeded."),
+    Setting("max_queue", "256", int,
+            "Most requests waiting for the device, a hard cap beside SCOREFN_MAX_WAIT_S; beyond it 429 "
+            "rate_limit_exceeded."),
     Setting("max_wait_s", "2", _positive_float,
             "Admission: a request is refused (429 rate_limit_exceeded, Retry-After) when its predicted wait for the "
-            "device plus its own device work (counted up to half of this) exceeds this many seconds. A device round "
-            "holds about a quarter of it."),
+            "device plus its own device work would exceed this many seconds; one with more than half of this of its "
+            "own work runs beside the others, one at a time, and must start within it. A device round holds about a "
+            "quarter of it."),
     Setting("request_timeout_s", "30", float,
             "A request still queued after this many seconds is dropped with 503 (its work is not computed)."),
     Setting("api_keys", "", _csv_strs,

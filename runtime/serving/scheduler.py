@@ -1,23 +1,24 @@
 """Admission by predicted wait, and device rounds that keep large requests from holding up small ones.
 
 Two lanes. A request whose own work is predicted to take at most half of SCOREFN_MAX_WAIT_S is *normal*; a larger one
-(it cannot meet the budget even at half the device) is *bulk*. Normal requests are served first come, first served;
-bulk requests one at a time, beside them. Each device round holds up to `round_s` (a quarter of the budget) of
-predicted work: normal requests in order (one that does not fit goes on in the next round, first), and while normal
-work waits, the head bulk request gets `BULK_SHARE` of the round, cut into slices of its items; with no normal work
-it gets the whole round. So a one-item request never waits for all of a 1,024-item request, only for its slice of
-each round, and the large one moves on every round.
+(it could not meet the budget at half the device) is *bulk*. Normal requests are served first come, first served;
+bulk requests one at a time, beside them. A device round holds up to `round_s` (a quarter of the budget) of predicted
+work: normal requests in order (one that does not fit goes on first in the next round); while normal work waits it
+gets (1 - BULK_SHARE) of the round, and the head bulk request as much device time as normal work got (BULK_SHARE
+0.5: the same), in slices of its items (deficit round robin: a slice larger than that comes every few rounds); with
+no normal work waiting, the bulk request gets whole rounds. So a one-item request never waits for all of a
+1,024-item request, only for slices of it, and the large one moves on all the time.
 
-Admission follows from that schedule (`own`: the request's predicted device seconds, `ahead`: those still to run of
-the requests before it in its lane, `inflight`: the rounds dispatched and not done):
+Admission follows from that schedule (`own`: the request's predicted device seconds, `ahead`: what the requests
+before it in its lane still have to run, `inflight`: the rounds dispatched and not done):
 
     normal: inflight + (ahead + own) * stretch <= max_wait,   stretch = 1 / (1 - BULK_SHARE) while bulk work waits
     bulk:   inflight + ahead / BULK_SHARE <= max_wait          (it starts within the budget)
 
-and a request must start before its deadline. Otherwise QueueFull, with the seconds the work ahead needs to drain that
-far as its Retry-After. Work is weighed in predicted device seconds of its padded tokens (runtime.serving.cost), never
-by counting requests; SCOREFN_MAX_QUEUE stays a hard cap on their number. Pure Python: the scorer is reached through
-`cost`, `round_cost` and the jobs it is given.
+and it must start before its deadline. Otherwise QueueFull, with the seconds the work ahead needs to drain that far
+as Retry-After. Requests are weighed in predicted device seconds of their padded tokens (runtime.serving.cost), never
+by count; SCOREFN_MAX_QUEUE stays a hard cap on their number. Pure Python: the scorer is reached through `cost`,
+`round_cost` and the jobs it is given.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ class Round:
 
 
 class Scheduler:
-    BULK_SHARE = 0.5  # of each round, for the head bulk request while normal work waits
+    BULK_SHARE = 0.5  # of the device, for the head bulk request while normal work waits
+
     def __init__(self, model: ServiceModel, cost: Callable[[Any], Work], max_queue: int, max_wait_s: float,
                  round_cost: Callable[[list], Work] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         """`cost(job)`: a request's device work on a busy device (what it adds to a round); `round_cost(jobs)`: the

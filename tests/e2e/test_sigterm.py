@@ -19,6 +19,8 @@ pytestmark = pytest.mark.slow
 POLL_S = 0.02  # interval between two looks at the server's queue
 WAIT_S = 60.0
 ROUNDS_IN_FLIGHT = resolve(load_settings(environ=SMALL_BUCKETS), current_backend()).rounds_in_flight
+# These tests queue several seconds of work on purpose (draining, not admission, is what they check).
+QUEUEING = {**SMALL_BUCKETS, "SCOREFN_MAX_WAIT_S": "600"}
 
 
 def heavy_body(rng: random.Random, items: int) -> dict:
@@ -60,7 +62,7 @@ def refused_or_503(call) -> None:
 
 def test_sigterm_lets_in_flight_requests_finish_then_exits_0():
     grace = 30.0
-    with ServerProcess(env={**SMALL_BUCKETS, "SCOREFN_DRAIN_GRACE_S": str(grace)}) as server, \
+    with ServerProcess(env={**QUEUEING, "SCOREFN_DRAIN_GRACE_S": str(grace)}) as server, \
             concurrent.futures.ThreadPoolExecutor(4) as pool, httpx.Client(base_url=server.url) as kept_alive:
         assert kept_alive.get("/health").status_code == 200  # a connection opened before the signal
         futures = send_while_queued(server, pool, 4, items=16)
@@ -86,7 +88,7 @@ def test_sigterm_lets_in_flight_requests_finish_then_exits_0():
 
 def test_work_still_queued_after_the_grace_period_gets_503_and_the_process_exits_0():
     grace = 1.0
-    with ServerProcess(env={**SMALL_BUCKETS, "SCOREFN_DRAIN_GRACE_S": str(grace)}) as server, \
+    with ServerProcess(env={**QUEUEING, "SCOREFN_DRAIN_GRACE_S": str(grace)}) as server, \
             concurrent.futures.ThreadPoolExecutor(5) as pool:
         futures = send_while_queued(server, pool, 5, items=32)
         server.signal(signal.SIGTERM)
