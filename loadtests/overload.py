@@ -7,9 +7,9 @@ CSV/HTML. The run fails if
 - any answer is not a checked 200 or a 429 with its Retry-After,
 - the overload phase (above 1x) refused nothing, or its answered one-item scores and completions (requests small enough for the
   admission to bound their latency) have p99 above SCOREFN_MAX_WAIT_S plus one device round (the p99 of the one-item
-  requests' x-device-time, at least the round budget: a quarter of SCOREFN_MAX_WAIT_S),
+  requests' x-device-time, at least the round budget: a quarter of SCOREFN_MAX_WAIT_S, at most 0.5 s),
 - those sent from --recover-within-s after the overload are refused more often than in the baseline (+5 points)
-  or their p99 is above normal (the baseline's x1.5, or + 0.25 s),
+  or their p99 is above normal (the baseline's x1.5, or plus one round budget),
 - the server does not exit 0 on SIGTERM, or (--soak) its RSS grows steadily.
 """
 
@@ -85,7 +85,7 @@ def summarize(data: dict[str, Any], max_wait_s: float, recover_within_s: float) 
     rounds = [r["device"] for r in records if r["phase"] == "overload" and r["scenario"] in SMALL and r["status"] == 200]
     summary: dict[str, Any] = {"calibrated_rate_per_s": round(data["rate"], 2), "multiple": data["plan"]["multiple"],
                                "max_wait_s": max_wait_s,
-                               "round_budget_s": max_wait_s / 4, "round_p99_s": percentile(rounds, 99),
+                               "round_budget_s": min(max_wait_s / 4, 0.5), "round_p99_s": percentile(rounds, 99),
                                "phases": {}}
     for phase, (start, end) in bounds.items():
         mine = [r for r in records if r["phase"] == phase]
@@ -149,7 +149,8 @@ def verdict(summary: dict[str, Any], records: list[dict]) -> list[str]:
                             f"{summary['round_p99_s']:.2f} s) = {bound:.2f} s")
     if "recovered" in summary and "baseline" in phases:
         baseline = phases["baseline"]["bounded"]
-        normal = max(1.5 * baseline["p99_s"], baseline["p99_s"] + 0.25)
+        # A request may arrive as a round of other work (a bulk slice) starts, or not: one round of slack.
+        normal = max(1.5 * baseline["p99_s"], baseline["p99_s"] + summary["round_budget_s"])
         late = summary["recovered"]
         if late["refused_ratio"] > baseline["refused_ratio"] + 0.05:
             problems.append(f"{late['refused_ratio']:.1%} of the requests sent from {late['from_s']:.0f} s, after the "

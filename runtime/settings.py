@@ -124,8 +124,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_wait_s", "2", _positive_float,
             "Admission: a request is refused (429 rate_limit_exceeded, Retry-After) when its predicted wait for the "
             "device plus its own device work would exceed this many seconds; one with more than half of this of its "
-            "own work runs beside the others, one at a time, and must start within it. A device round holds about a "
-            "quarter of it."),
+            "own work runs beside the others, one at a time, and must start within it. A device round holds a quarter "
+            "of it, at most 0.5 s."),
     Setting("request_timeout_s", "30", float,
             "A request still queued after this many seconds is dropped with 503 (its work is not computed)."),
     Setting("api_keys", "", _csv_strs,

@@ -279,6 +279,11 @@ class Engine:
             except Exception as exc:
                 round.error = exc
         seconds = self._scheduler.finish(round)
+        log.debug("round of %d slices: predicted %.3f s, took %.3f s", len(round.slices), round.predicted_s, seconds,
+                  extra={"json_fields": {"slices": [[piece.entry.request_id, int(piece.entry.bulk), piece.start,
+                                                     piece.stop] for piece in round.slices],
+                                         "predicted_s": round.predicted_s, "seconds": seconds,
+                                         **self._scheduler.stats()}})
         if round.error is not None:
             ids = [piece.entry.request_id for piece in round.slices]
             log.error("device round of %d requests failed (request ids: %s)", len(ids), ", ".join(map(str, ids)),

@@ -2,8 +2,8 @@
 
 Two lanes. A request whose own work is predicted to take at most half of SCOREFN_MAX_WAIT_S is *normal*; a larger one
 (it could not meet the budget at half the device) is *bulk*. Normal requests are served first come, first served;
-bulk requests one at a time, beside them. A device round holds up to `round_s` (a quarter of the budget) of predicted
-work: normal requests in order (one that does not fit goes on first in the next round); while normal work waits it
+bulk requests one at a time, beside them. A device round holds up to `round_s` (a quarter of the budget, at most
+ROUND_S) of predicted work: normal requests in order (one that does not fit goes on first in the next round); while normal work waits it
 gets (1 - BULK_SHARE) of the round, and the head bulk request as much device time as normal work got (BULK_SHARE
 0.5: the same), in slices of its items (deficit round robin: a slice larger than that comes every few rounds); with
 no normal work waiting, the bulk request gets whole rounds. So a one-item request never waits for all of a
@@ -23,6 +23,7 @@ by count; SCOREFN_MAX_QUEUE stays a hard cap on their number. Pure Python: the s
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import math
@@ -107,6 +108,10 @@ class Round:
 
 class Scheduler:
     BULK_SHARE = 0.5  # of the device, for the head bulk request while normal work waits
+    PACKING_ROUNDS = 8  # rounds whose packing ratio the queue's prediction heeds
+    # Rounds longer than this would only delay answers: a round's requests are answered when all of it is done, and
+    # its device batches are bounded by the largest bucket anyway.
+    ROUND_S = 0.5
 
     def __init__(self, model: ServiceModel, cost: Callable[[Any], Work], max_queue: int, max_wait_s: float,
                  round_cost: Callable[[list], Work] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -115,9 +120,9 @@ class Scheduler:
         self.model = model
         self.max_queue = max_queue
         self.max_wait_s = max_wait_s
-        self.round_s = max_wait_s / 4
+        self.round_s = min(max_wait_s / 4, self.ROUND_S)
         self.refused = {"wait": 0, "queue": 0}
-        self.packing = 1.0  # planned seconds of a round / the sum of its requests' estimates (learned)
+        self._packings: collections.deque[float] = collections.deque([1.0], maxlen=self.PACKING_ROUNDS)
         self._bulk_credit = 0.0  # seconds of device time the bulk lane has earned and not yet spent
         self._cost = cost
         self._round_cost = round_cost
@@ -177,16 +182,26 @@ class Scheduler:
         return self._in_flight_s() + ahead / share
 
     def _seconds(self, work: Work) -> float:
-        """Predicted seconds of queued work: its estimate, times how rounds have packed such estimates (lock held).
-        Rounds themselves are filled by the estimates alone: packing must not change what a round holds."""
-        return self.packing * self.model.seconds(work)
+        """Predicted seconds of queued work (lock held): its estimate, times how rounds have packed such estimates,
+        times how much slower than predicted the round on the device is running right now (a device shared with
+        other work slows down at once; the model learns it only as rounds finish). Rounds themselves are filled by
+        the estimates alone: neither factor may change what a round holds."""
+        return self.packing * self._slowdown() * self.model.seconds(work)
+
+    def _slowdown(self) -> float:
+        if not self._in_flight:
+            return 1.0
+        oldest = self._in_flight[0]
+        return max(1.0, (self._clock() - oldest.started) / max(oldest.predicted_s, 1e-6))
 
     def _in_flight_s(self) -> float:
+        """Predicted seconds until the rounds dispatched are done: what is left of the oldest one (nothing, once it
+        overruns), then the others at the current slowdown."""
         if not self._in_flight:
             return 0.0
-        predicted = [r.predicted_s for r in self._in_flight]
-        elapsed = self._clock() - self._in_flight[0].started
-        return max(sum(predicted) - elapsed, sum(predicted[1:]))
+        oldest, *others = self._in_flight
+        left = max(0.0, oldest.predicted_s - (self._clock() - oldest.started))
+        return left + self._slowdown() * sum(r.predicted_s for r in others)
 
     # ---- rounds (the device thread) -------------------------------------------------------------------
 
@@ -221,9 +236,15 @@ class Scheduler:
 
     def _learn_packing(self, ratio: float) -> None:
         """Requests are estimated alone (their rows at their own length, a share of full batches); a round pads
-        rows of different lengths together and may not fill its batches. Track the planned / estimated ratio."""
-        ratio = min(max(ratio, 1 / ServiceModel.MAX_RATIO), ServiceModel.MAX_RATIO)
-        self.packing *= (ratio / self.packing) ** ServiceModel.RATE
+        rows of different lengths together and may not fill its batches: keep the planned / estimated ratios."""
+        self._packings.append(min(max(ratio, 1 / ServiceModel.MAX_RATIO), ServiceModel.MAX_RATIO))
+
+    @property
+    def packing(self) -> float:
+        """The largest ratio of the last rounds: the queue is predicted as badly packed as rounds have lately been
+        (it varies with the mix from round to round; a wait predicted short is a broken promise, one predicted
+        long only an early 429)."""
+        return max(self._packings)
 
     def _take(self) -> list[Slice]:
         """Fill a round (lock held): normal requests in order; the head bulk request beside them. While both lanes

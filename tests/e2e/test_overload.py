@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_open_loop_overload_is_answered_fast_or_refused(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "loadtests.run", "--small-buckets", "--open-loop", "4", "--duration", "20",
-               "--calibrate-s", "8", "--baseline-s", "8", "--recovery-s", "18", "--bulk-items", "256",
+               "--calibrate-s", "8", "--baseline-s", "10", "--recovery-s", "20", "--bulk-items", "256",
                "--reports-dir", str(tmp_path)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr[-3000:]

@@ -239,3 +239,16 @@ def test_the_engine_answers_small_requests_between_the_slices_of_a_large_one() -
     assert done[-1] == "bulk" and sorted(done[:3]) == ["small-0", "small-1", "small-2"]
     bulk_rounds = [r for r in scorer.rounds if any(first >= 1000 for first, _ in r)]
     assert len(bulk_rounds) >= 3 and [first for first, _ in scorer.rounds[1][:3]] == [0, 1, 2]
+
+
+def test_the_queue_is_predicted_as_badly_packed_as_the_last_rounds() -> None:
+    clock = Clock()
+    doubled = Scheduler(ServiceModel(0.0, SECONDS_PER_TOKEN), full_cost, 256, 2.0, clock=clock,
+                        round_cost=lambda jobs: full_cost(Job([s for job in jobs for s in job.sequences])) * 2)
+    doubled.admit(job(1, 128), None, "first")  # 0.125 s as estimated; its round is planned at 0.25 s
+    round = doubled.next_round()
+    assert round.predicted_s == 0.25 and doubled.packing == 2.0
+    for _ in range(3):
+        doubled.admit(job(1, 128), None, None)
+    # the round in flight (0.25 s) and three requests at twice their estimate
+    assert doubled.stats()["predicted_wait_seconds"] == 0.25 + 3 * 0.25
