@@ -111,15 +111,16 @@ class ServiceModel:
         return f"{self.per_batch * 1000:.1f} ms per device batch; padded tokens/s: {rates}"
 
 
-def calibrate(scorer: "Scorer", grow_until: float = 2.0) -> ServiceModel:
+def calibrate(scorer: "Scorer", grow_until: float = 2.0, step_cap_s: float = 0.3) -> ServiceModel:
     """Seed a ServiceModel by running a few compiled buckets once each, through the scorer itself.
 
-    Full buckets: the smallest one, then ones of 4x the tokens each until a run takes `grow_until` times the
-    smallest one's time (per-token work then outweighs the fixed cost) or the tokens reach a quarter of the largest
-    bucket; the two ends give the per-batch and per-token prices. Then one shared-prefix bucket (context and
-    continuation are taken to cost alike per token until rounds tell them apart) and one completion bucket, each of
-    about as many tokens as the last full one. On a CPU this is four or five runs (about a second); on an
-    accelerator a few milliseconds each.
+    Full buckets: the smallest one, then one of at least 4x its tokens, then further 4x steps while per-token work
+    does not yet show (a run under `grow_until` times the smallest one's) and the next run is predicted to take at
+    most `step_cap_s`; the smallest and the last give the per-batch and per-token prices. Then one completion bucket
+    of about as many tokens (the vocabulary head at every position: about twice the price of a full token on the
+    development CPU). A shared prefix's context and continuation start at the full price (within a third of it,
+    measured) and are told apart by the rounds that run them. On the development CPU three or four runs, 0.4-0.7 s;
+    on an accelerator each run takes milliseconds.
     """
     from runtime.interface import Sampling
     from runtime.serving.scorer import Job, TokenJob
@@ -137,29 +138,20 @@ def calibrate(scorer: "Scorer", grow_until: float = 2.0) -> ServiceModel:
     big_work, big_s = small_work, small_s
     for batch, length in sorted(plan.full(), key=lambda b_t: (b_t[0] * b_t[1], b_t[0])):
         tokens = batch * length
-        if tokens < 4 * big_work.full or batch * length > max(plan.max_tokens // 4, shortest):
+        if tokens < 4 * big_work.full or tokens > max(plan.max_tokens // 4, shortest):
             continue
-        big_work, big_s = timed(Job([[2 + i % 64] + [1] * (length - 1) for i in range(batch)], [0]))  # no common prefix
-        if big_s >= grow_until * small_s:
+        if big_work is not small_work and (big_s >= grow_until * small_s or
+                                           big_s * tokens / big_work.full > step_cap_s):
             break
+        big_work, big_s = timed(Job([[2 + i % 64] + [1] * (length - 1) for i in range(batch)], [0]))  # no common prefix
     per_token = (big_s - small_s) / (big_work.full - small_work.full) if big_work.full > small_work.full else 0.0
     per_batch = small_s - per_token * small_work.full
     if per_token <= 0 or per_batch < 0:  # noise: charge everything to the tokens
         per_token, per_batch = big_s / max(big_work.full, 1.0), 0.0
     rates = dict.fromkeys(KINDS, per_token)
-    target = big_work.full
-
-    continuations = [c for c in plan.continuations() if c[0] + c[2] <= plan.max_length]
-    if continuations:
-        context, batch, length = min(continuations, key=lambda c: (abs(c[0] + c[1] * c[2] - target), c))
-        job = Job([[1] * context + [2 + i % 64] * length for i in range(batch)], [0])
-        work, seconds = timed(job)
-        if work.context:  # the planner shared the prefix, as intended
-            rates["context"] = rates["continuation"] = max(
-                (seconds - per_batch * work.batches) / (work.context + work.continuation), per_token / 4)
     completions = plan.completions()
     if completions:
-        batch, length = min(completions, key=lambda b_t: (abs(b_t[0] * b_t[1] - target), b_t))
+        batch, length = min(completions, key=lambda b_t: (abs(b_t[0] * b_t[1] - big_work.full), b_t))
         work, seconds = timed(TokenJob([[1] * length] * batch, [Sampling()] * batch))
         rates["completion"] = max((seconds - per_batch * work.batches) / work.completion, per_token / 4)
     return ServiceModel(per_batch, rates)
