@@ -158,7 +158,8 @@ class OpenLoop(FastHttpUser):
         answered = [r for r in self.records if r["phase"] == "calibrate" and r["scenario"] != "bulk"
                     and r["status"] == 200 and r["sent"] + r["latency"] > 1.0]
         rate = max(len(answered) / max(calibrate_s - 1.0, 1e-3), 0.1)
-        phases = [("baseline", PLAN["baseline"], PLAN["baseline_s"]), ("overload", PLAN["multiple"], PLAN["overload_s"]),
+        phases = [("baseline", PLAN["baseline"], PLAN["baseline_s"]),
+                  ("overload", PLAN["multiple"], PLAN["overload_s"]),
                   ("recovery", PLAN["baseline"], PLAN["recovery_s"])]
         bounds = {"calibrate": [0.0, round(time.monotonic() - self.t0, 3)]}
         for phase, multiple, seconds in phases:

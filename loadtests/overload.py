@@ -5,8 +5,8 @@ rate, recovery), samples the server's RSS, then writes under --reports-dir: open
 openloop_summary.json (per phase and scenario: answered, refused, p50/p99; a timeline; fairness; RSS) and locust's
 CSV/HTML. The run fails if
 - any answer is not a checked 200 or a 429 with its Retry-After,
-- the overload phase (above 1x) refused nothing, or its answered one-item scores and completions (requests small enough for the
-  admission to bound their latency) have p99 above SCOREFN_MAX_WAIT_S plus one device round (the p99 of the one-item
+- the overload phase (above 1x) refused nothing, or its answered one-item scores and completions (requests small
+  enough for the admission to bound their latency) have p99 above SCOREFN_MAX_WAIT_S plus one device round (the p99 of the one-item
   requests' x-device-time, at least the round budget: a quarter of SCOREFN_MAX_WAIT_S, at most 0.5 s),
 - those sent from --recover-within-s after the overload are refused more often than in the baseline (+5 points)
   or their p99 is above normal (the baseline's x1.5, or plus one round budget),
@@ -82,7 +82,8 @@ def describe(records: list[dict], seconds: float) -> dict[str, Any]:
 def summarize(data: dict[str, Any], max_wait_s: float, recover_within_s: float) -> dict[str, Any]:
     records, bounds = data["records"], data["phases"]
     # One device round, as they ran: a one-item request is computed in a single round, its x-device-time.
-    rounds = [r["device"] for r in records if r["phase"] == "overload" and r["scenario"] in SMALL and r["status"] == 200]
+    rounds = [r["device"] for r in records
+              if r["phase"] == "overload" and r["scenario"] in SMALL and r["status"] == 200]
     summary: dict[str, Any] = {"calibrated_rate_per_s": round(data["rate"], 2), "multiple": data["plan"]["multiple"],
                                "max_wait_s": max_wait_s,
                                "round_budget_s": min(max_wait_s / 4, 0.5), "round_p99_s": percentile(rounds, 99),
@@ -128,8 +129,11 @@ def fairness(records: list[dict]) -> dict[str, Any]:
     alone = [r for r in small if r not in beside]
     bulk_records = [r for r in records if r["scenario"] == "bulk"]
     return {"bulk": describe(bulk_records, 1.0) | {"answered_per_s": None},
-            "one_item_beside_bulk": {"answered": len(beside), "p50_s": latency(beside, 50), "p99_s": latency(beside, 99)},
-            "one_item_alone": {"answered": len(alone), "p50_s": latency(alone, 50), "p99_s": latency(alone, 99)}}
+            "one_item_beside_bulk": answered(beside), "one_item_alone": answered(alone)}
+
+
+def answered(records: list[dict]) -> dict[str, Any]:
+    return {"answered": len(records), "p50_s": latency(records, 50), "p99_s": latency(records, 99)}
 
 
 def verdict(summary: dict[str, Any], records: list[dict]) -> list[str]:
@@ -165,11 +169,13 @@ def print_summary(summary: dict[str, Any]) -> None:
     print(f"calibrated rate {summary['calibrated_rate_per_s']:.1f} requests/s; SCOREFN_MAX_WAIT_S "
           f"{summary['max_wait_s']:g} s")
     for phase, p in summary["phases"].items():
+        statuses = p["statuses"]
         print(f"{phase:10} {p['seconds']:6.0f} s at {p['rate_per_s']:6.1f}/s: sent {p['sent']:6d}  answered "
-              f"{p['statuses'].get('200', 0):6d} ({p['answered_per_s']:.1f}/s)  refused {p['statuses'].get('429', 0):6d}"
-              f"  p50 {p['p50_s']:.3f} s  p99 {p['p99_s']:.3f} s  statuses {p['statuses']}")
+              f"{statuses.get('200', 0):6d} ({p['answered_per_s']:.1f}/s)  refused {statuses.get('429', 0):6d}  "
+              f"p50 {p['p50_s']:.3f} s  p99 {p['p99_s']:.3f} s  statuses {statuses}")
         b = p["bounded"]
-        print(f"    {'(one-item, completions)':24} p50 {b['p50_s']:.3f} s  p99 {b['p99_s']:.3f} s  refused {b['refused_ratio']:.1%}")
+        print(f"    {'(one-item, completions)':24} p50 {b['p50_s']:.3f} s  p99 {b['p99_s']:.3f} s  "
+              f"refused {b['refused_ratio']:.1%}")
         for name, s in p["scenarios"].items():
             print(f"    {name:16} sent {s['sent']:6d}  answered {s['statuses'].get('200', 0):6d}  refused "
                   f"{s['statuses'].get('429', 0):6d}  p50 {s['p50_s']:.3f} s  p99 {s['p99_s']:.3f} s")
@@ -178,9 +184,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         print(f"from {r['from_s']:.0f} s (after the drop): sent {r['sent']}  p50 {r['p50_s']:.3f} s  p99 "
               f"{r['p99_s']:.3f} s  statuses {r['statuses']}")
     f = summary["fairness"]
-    print(f"fairness: one-item p50/p99 {f['one_item_beside_bulk']['p50_s']:.3f}/{f['one_item_beside_bulk']['p99_s']:.3f} s "
-          f"beside a bulk request ({f['one_item_beside_bulk']['answered']}), "
-          f"{f['one_item_alone']['p50_s']:.3f}/{f['one_item_alone']['p99_s']:.3f} s without ({f['one_item_alone']['answered']}); "
+    beside, alone = f["one_item_beside_bulk"], f["one_item_alone"]
+    print(f"fairness: one-item p50/p99 {beside['p50_s']:.3f}/{beside['p99_s']:.3f} s beside a bulk request "
+          f"({beside['answered']}), {alone['p50_s']:.3f}/{alone['p99_s']:.3f} s without ({alone['answered']}); "
           f"bulk: {f['bulk']['statuses']}, p50 {f['bulk']['p50_s']:.1f} s")
 
 
@@ -193,8 +199,8 @@ def run(args: argparse.Namespace, server_env: dict[str, str], query_words: int) 
     print(f"starting scorefn serve ({'small' if args.small_buckets else 'configured'} buckets) ...", flush=True)
     started = time.monotonic()
     server = ServerProcess(env=server_env)
-    print(f"ready at {server.url} after {time.monotonic() - started:.1f} s; open loop: calibrate {args.calibrate_s:g} s "
-          f"({args.clients} clients), baseline {args.baseline:g}x for {args.baseline_s:g} s, overload "
+    print(f"ready at {server.url} after {time.monotonic() - started:.1f} s; open loop: calibrate "
+          f"{args.calibrate_s:g} s ({args.clients} clients), baseline {args.baseline:g}x for {args.baseline_s:g} s, overload "
           f"{args.open_loop:g}x for {args.duration:g} s, recovery {args.baseline:g}x for {args.recovery_s:g} s; "
           f"bulk client: {args.bulk_items} items", flush=True)
     try:

@@ -3,10 +3,10 @@
 Two lanes. A request whose own work is predicted to take at most half of SCOREFN_MAX_WAIT_S is *normal*; a larger one
 (it could not meet the budget at half the device) is *bulk*. Normal requests are served first come, first served;
 bulk requests one at a time, beside them. A device round holds up to `round_s` (a quarter of the budget, at most
-ROUND_S) of predicted work: normal requests in order (one that does not fit goes on first in the next round); while normal work waits it
-gets (1 - BULK_SHARE) of the round, and the head bulk request as much device time as normal work got (BULK_SHARE
-0.5: the same), in slices of its items (deficit round robin: a slice larger than that comes every few rounds); with
-no normal work waiting, the bulk request gets whole rounds. So a one-item request never waits for all of a
+ROUND_S) of predicted work: normal requests in order (one that does not fit goes on first in the next round); while
+normal work waits it gets (1 - BULK_SHARE) of the round, and the head bulk request as much device time as normal work
+got (BULK_SHARE 0.5: the same), in slices of its items (deficit round robin: a slice larger than that comes every few
+rounds); with no normal work waiting, the bulk request gets whole rounds. So a one-item request never waits for all of a
 1,024-item request, only for slices of it, and the large one moves on all the time.
 
 Admission follows from that schedule (`own`: the request's predicted device seconds, `ahead`: what the requests
