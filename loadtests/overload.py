@@ -8,8 +8,8 @@ CSV/HTML. The run fails if
 - the overload phase (above 1x) refused nothing, or its answered one-item scores and completions (requests small
   enough for the admission to bound their latency) have p99 above SCOREFN_MAX_WAIT_S plus one device round (the p99 of the one-item
   requests' x-device-time, at least the round budget: a quarter of SCOREFN_MAX_WAIT_S, at most 0.5 s),
-- those sent from --recover-within-s after the overload are refused more often than in the baseline (+5 points)
-  or their p99 is above normal (the baseline's x1.5, or plus one round budget),
+- those sent from --recover-within-s after the overload are refused more often than in the baseline (+5 points),
+  their p50 is above normal (the baseline's x1.5, or plus two round budgets) or their p99 above the bound above,
 - the server does not exit 0 on SIGTERM, or (--soak) its RSS grows steadily.
 """
 
@@ -153,15 +153,19 @@ def verdict(summary: dict[str, Any], records: list[dict]) -> list[str]:
                             f"{summary['round_p99_s']:.2f} s) = {bound:.2f} s")
     if "recovered" in summary and "baseline" in phases:
         baseline = phases["baseline"]["bounded"]
-        # A request may arrive as a round of other work (a bulk slice) starts, or not: one round of slack.
-        normal = max(1.5 * baseline["p99_s"], baseline["p99_s"] + summary["round_budget_s"])
+        # The median says whether the queue has drained (a few samples' p99 is their slowest one). Slack: rounds of
+        # bulk work (a 1,024-item or a 32-item request on a slow device) may run beside them, or not, in either phase.
+        normal = max(1.5 * baseline["p50_s"], baseline["p50_s"] + 2 * summary["round_budget_s"])
         late = summary["recovered"]
         if late["refused_ratio"] > baseline["refused_ratio"] + 0.05:
             problems.append(f"{late['refused_ratio']:.1%} of the requests sent from {late['from_s']:.0f} s, after the "
                             f"load had dropped, were refused (baseline {baseline['refused_ratio']:.1%})")
-        if late["p99_s"] > normal:
-            problems.append(f"p99 {late['p99_s']:.2f} s after the load dropped is not back to normal "
-                            f"({normal:.2f} s: the baseline's {baseline['p99_s']:.2f} s)")
+        if late["p50_s"] > normal:
+            problems.append(f"p50 {late['p50_s']:.2f} s after the load dropped is not back to normal "
+                            f"({normal:.2f} s: the baseline's {baseline['p50_s']:.2f} s)")
+        if late["p99_s"] > bound:
+            problems.append(f"p99 {late['p99_s']:.2f} s after the load dropped is over SCOREFN_MAX_WAIT_S + one round "
+                            f"({bound:.2f} s)")
     return problems
 
 
