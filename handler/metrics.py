@@ -35,7 +35,8 @@ _ENGINE_GAUGES = {
     "backlog_seconds": "Predicted device seconds of all admitted work not yet done.",
     "max_wait_seconds": "SCOREFN_MAX_WAIT_S: requests predicted to wait longer are refused.",
     "packing": "Planned device seconds of a round over the sum of its requests' own estimates (rows padded "
-               "together, batches not full), learned from the rounds run.",
+               "together, batches not full): the largest of the last 8 rounds.",
+    "overrun": "Device seconds of a round over its prediction: the largest of the last 8 rounds (at least 1).",
     "service_seconds_per_batch": "Estimated fixed device seconds of one device batch (from the rounds run).",
     "service_tokens_per_second": "Estimated device throughput in padded tokens per second, by bucket kind "
                                  "(full, context, continuation, completion), once batches are large.",

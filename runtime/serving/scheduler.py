@@ -108,7 +108,7 @@ class Round:
 
 class Scheduler:
     BULK_SHARE = 0.5  # of the device, for the head bulk request while normal work waits
-    PACKING_ROUNDS = 8  # rounds whose packing ratio the queue's prediction heeds
+    PACKING_ROUNDS = 8  # rounds whose packing and overrun the queue's prediction heeds
     # Rounds longer than this would only delay answers: a round's requests are answered when all of it is done, and
     # its device batches are bounded by the largest bucket anyway.
     ROUND_S = 0.5
@@ -123,6 +123,7 @@ class Scheduler:
         self.round_s = min(max_wait_s / 4, self.ROUND_S)
         self.refused = {"wait": 0, "queue": 0}
         self._packings: collections.deque[float] = collections.deque([1.0], maxlen=self.PACKING_ROUNDS)
+        self._overruns: collections.deque[float] = collections.deque([1.0], maxlen=self.PACKING_ROUNDS)
         self._bulk_credit = 0.0  # seconds of device time the bulk lane has earned and not yet spent
         self._cost = cost
         self._round_cost = round_cost
@@ -183,10 +184,11 @@ class Scheduler:
 
     def _seconds(self, work: Work) -> float:
         """Predicted seconds of queued work (lock held): its estimate, times how rounds have packed such estimates,
-        times how much slower than predicted the round on the device is running right now (a device shared with
-        other work slows down at once; the model learns it only as rounds finish). Rounds themselves are filled by
-        the estimates alone: neither factor may change what a round holds."""
-        return self.packing * self._slowdown() * self.model.seconds(work)
+        times how much longer than predicted rounds take: the most the last rounds did, or the round on the device
+        does now (the model follows the device's mean; this covers its spread, and a device shared with other work
+        that slows down at once). Rounds themselves are filled by the estimates alone: no factor may change what a
+        round holds."""
+        return self.packing * max(self._slowdown(), max(self._overruns)) * self.model.seconds(work)
 
     def _slowdown(self) -> float:
         if not self._in_flight:
@@ -339,9 +341,10 @@ class Scheduler:
         """A round's results are fetched (or it failed): learn from its time, free its place. Returns its seconds."""
         now = self._clock()
         seconds = now - round.started
-        if round.error is None:
-            self.model.observe(round.work, seconds)
         with self._cv:
+            if round.error is None:
+                self._overruns.append(min(max(seconds / max(round.predicted_s, 1e-6), 1.0), ServiceModel.MAX_RATIO))
+                self.model.observe(round.work, seconds)
             self._in_flight.remove(round)
             if self._in_flight:  # pipelined: the next round's device work starts now at the latest
                 self._in_flight[0].started = max(self._in_flight[0].started, now)
@@ -383,4 +386,5 @@ class Scheduler:
                     "predicted_wait_seconds": self._normal_wait_s(),
                     "backlog_seconds": self._in_flight_s() + self.packing * self._queued_s(),
                     "max_wait_seconds": self.max_wait_s, "packing": self.packing,
+                    "overrun": max(self._overruns),
                     "refused_wait": self.refused["wait"], "refused_queue": self.refused["queue"]}
