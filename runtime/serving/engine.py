@@ -22,7 +22,8 @@ import numpy as np
 from runtime.interface import EngineFault, QueueFull, ScoreResult, ShuttingDown, TokenLogprobsResult
 from runtime.serving.buckets import BucketPlan, label_buckets
 from runtime.serving.cost import ServiceModel, calibrate
-from runtime.serving.scheduler import Entry, Round, Scheduler
+from runtime.serving.scheduler import Scheduler
+from runtime.serving.slices import Entry, Round
 from runtime.tasks.classifiers import Classifier, build_classifiers
 from runtime.model.loader import default_model_id
 from runtime.tasks.rerankers import Reranker, build_rerankers
