@@ -25,6 +25,7 @@ _ENGINE_COUNTERS = {
     "device_batch_sequences": "Sequences computed in device batches (divide by device_batches for the mean batch size).",
 }
 _ENGINE_COUNTERS.update({
+    "admitted": "Requests the engine admitted (queued for the device).",
     "refused_wait": "Requests refused (429) because their predicted wait was over SCOREFN_MAX_WAIT_S.",
     "refused_queue": "Requests refused (429) because SCOREFN_MAX_QUEUE requests were waiting.",
 })

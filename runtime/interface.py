@@ -71,7 +71,8 @@ class DeadlineExceeded(EngineError):
 
 
 class ShuttingDown(EngineError):
-    """The server stopped before this request's work was done (-> 503 server_not_ready)."""
+    """The server is stopping: it takes no new work, and work it had not done when the drain ended is dropped
+    (-> 503 server_not_ready)."""
 
 
 class EngineFault(EngineError):

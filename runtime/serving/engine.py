@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runtime.interface import EngineFault, QueueFull, ScoreResult, ShuttingDown, TokenLogprobsResult
+from runtime.interface import EngineFault, ScoreResult, ShuttingDown, TokenLogprobsResult
 from runtime.serving.buckets import BucketPlan, label_buckets
 from runtime.serving.cost import ServiceModel, calibrate
 from runtime.serving.scheduler import Scheduler
@@ -213,7 +213,7 @@ class Engine:
 
     def _enqueue(self, job, deadline: float | None, request_id: str | None) -> concurrent.futures.Future:
         if self._stopping or self._scheduler is None:
-            raise QueueFull("the server is shutting down")
+            raise ShuttingDown("the server is shutting down")
         return self._scheduler.admit(job, deadline, request_id)
 
     def score(self, sequences, label_ids) -> np.ndarray:

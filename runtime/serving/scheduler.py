@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from runtime.interface import DeadlineExceeded, QueueFull
+from runtime.interface import DeadlineExceeded, QueueFull, ShuttingDown
 from runtime.serving.cost import ServiceModel, Work
 from runtime.serving.slices import Entry, Round, Slice
 
@@ -51,6 +51,7 @@ class Scheduler:
         self.max_wait_s = max_wait_s
         self.round_s = min(max_wait_s / 4, self.ROUND_S)
         self.refused = {"wait": 0, "queue": 0}
+        self.admitted = 0
         self._packings: collections.deque[float] = collections.deque([1.0], maxlen=self.PACKING_ROUNDS)
         self._overruns: collections.deque[float] = collections.deque([1.0], maxlen=self.PACKING_ROUNDS)
         self._bulk_credit = 0.0  # seconds of device time the bulk lane has earned and not yet spent
@@ -72,7 +73,7 @@ class Scheduler:
         entry = Entry(job, deadline, request_id, shared, (work - shared) * (1 / len(job.sequences)))
         with self._cv:
             if self._closed:
-                raise QueueFull("the server is shutting down")
+                raise ShuttingDown("the server is shutting down")
             if len(self._normal) + len(self._bulk) >= self.max_queue:
                 self.refused["queue"] += 1
                 raise QueueFull(f"{self.max_queue} requests are already waiting (SCOREFN_MAX_QUEUE)",
@@ -89,10 +90,12 @@ class Scheduler:
             late = now + wait - deadline if deadline is not None else 0.0
             if over > 0 or late > 0:
                 self.refused["wait"] += 1
+                limit = (f"over the limit of {self.max_wait_s:g} s (SCOREFN_MAX_WAIT_S)" if over > 0 else
+                         "past its deadline (SCOREFN_REQUEST_TIMEOUT_S)")
                 raise QueueFull(f"this request would wait {wait:.1f} s for the device (its own work: {own:.1f} s), "
-                                f"over the limit of {self.max_wait_s:g} s (SCOREFN_MAX_WAIT_S)",
-                                retry_after_s=math.ceil(max(over, late)))
+                                f"{limit}", retry_after_s=math.ceil(max(over, late)))
             entry.submitted = now
+            self.admitted += 1
             (self._bulk if entry.bulk else self._normal).append(entry)
             self._cv.notify_all()
         return entry.future
@@ -316,4 +319,5 @@ class Scheduler:
                     "backlog_seconds": self._in_flight_s() + self.packing * self._queued_s(),
                     "max_wait_seconds": self.max_wait_s, "packing": self.packing,
                     "overrun": max(self._overruns),
-                    "refused_wait": self.refused["wait"], "refused_queue": self.refused["queue"]}
+                    "admitted": self.admitted, "refused_wait": self.refused["wait"],
+                    "refused_queue": self.refused["queue"]}

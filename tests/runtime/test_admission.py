@@ -175,7 +175,7 @@ def test_requests_past_their_deadline_or_cancelled_are_not_computed() -> None:
     assert [piece.entry.request_id for piece in round.slices] == ["kept"]
     assert isinstance(late.exception(0), DeadlineExceeded) and kept.running()
     s.admit(job(1, 512), None, None)  # 0.5 s queued
-    with pytest.raises(QueueFull):  # would start after its deadline: refused at once
+    with pytest.raises(QueueFull, match="past its deadline"):  # would start after its deadline: refused at once
         s.admit(job(1, 1), clock.now + 0.25, None)
 
 
