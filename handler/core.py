@@ -7,7 +7,7 @@ Scoring is asynchronous (engine.submit returns a concurrent.futures.Future), so 
         outcome = core.finish(outcome, result_or_exception)
 
 Checks run in this order: route (404/405), API key on /v1/*, /v2/*, /rerank (401), body size (413),
-readiness (503), JSON decoding (400), validation (400/422), queue admission (429).
+readiness (503), JSON decoding (400), validation (400/422), admission by predicted wait (429).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from handler.metrics import Metrics
 from handler.rerank import RERANK, reranker_cards
 from handler.score import SCORE
 from handler.validation import decode_body, validate_tokenize_request
-from runtime.interface import DeadlineExceeded, QueueFull, ScoringEngine
+from runtime.interface import DeadlineExceeded, QueueFull, ScoringEngine, ShuttingDown
 from runtime.settings import Settings
 
 log = logging.getLogger("scorefn.handler")
@@ -230,12 +230,13 @@ class ScoringCore:
         if isinstance(exc, ApiError):
             return exc
         if isinstance(exc, QueueFull):
-            return ApiError("rate_limit_exceeded", f"The server is at capacity ({self.settings.max_queue} requests "
-                            "queued). Please retry after 1 second.")
+            seconds = exc.retry_after_s
+            return ApiError("rate_limit_exceeded", f"The server is at capacity: {exc}. Please retry after {seconds} "
+                            f"second{'' if seconds == 1 else 's'}.", headers=(("retry-after", str(seconds)),))
         if isinstance(exc, DeadlineExceeded):
             return ApiError("request_timeout", f"The request waited more than {self.settings.request_timeout_s:g} s "
                             "for the device and was dropped without being scored. Please retry.")
-        if isinstance(exc, concurrent.futures.CancelledError):
+        if isinstance(exc, (concurrent.futures.CancelledError, ShuttingDown)):
             return ApiError("server_not_ready", "The request was cancelled because the server is shutting down.")
         log.error("request %s: scoring failed", request_id, exc_info=exc)
         return internal_error()

@@ -14,7 +14,7 @@ import dataclasses
 class ErrorSpec:
     status: int
     type: str
-    retry_after_s: int | None = None  # sent as Retry-After on responses that invite a retry
+    retry_after_s: int | None = None  # Retry-After on responses that invite a retry (unless the error sets its own)
 
 
 # code -> (HTTP status, error type). RFC-006 rows first, in its order, then DESIGN.md's and this module's additions.

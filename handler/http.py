@@ -78,8 +78,8 @@ def json_response(status: int, payload: msgspec.Struct, headers: list[tuple[str,
 def error_response(error: ApiError) -> HttpResponse:
     spec = error.spec
     extra = list(error.headers)
-    if spec.retry_after_s is not None:
-        extra.append(("retry-after", str(spec.retry_after_s)))
+    if spec.retry_after_s is not None and not any(name == "retry-after" for name, _ in extra):
+        extra.append(("retry-after", str(spec.retry_after_s)))  # the default, unless the error says when
     envelope = ErrorEnvelope(error=ErrorBody(message=error.message, type=spec.type, param=error.param, code=error.code))
     return json_response(spec.status, envelope, extra)
 

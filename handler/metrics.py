@@ -24,7 +24,24 @@ _ENGINE_COUNTERS = {
     "device_batches": "Device batches run.",
     "device_batch_sequences": "Sequences computed in device batches (divide by device_batches for the mean batch size).",
 }
-_ENGINE_GAUGES = {"queue_depth": "Requests waiting for the device thread."}
+_ENGINE_COUNTERS.update({
+    "admitted": "Requests the engine admitted (queued for the device).",
+    "refused_wait": "Requests refused (429) because their predicted wait was over SCOREFN_MAX_WAIT_S.",
+    "refused_queue": "Requests refused (429) because SCOREFN_MAX_QUEUE requests were waiting.",
+})
+_ENGINE_GAUGES = {
+    "queue_depth": "Requests waiting for the device, whole or in part.",
+    "predicted_wait_seconds": "Predicted wait for the device of a new one-item request: the rounds in flight and a "
+                              "round-robin share of the queued work (the autoscaling signal).",
+    "backlog_seconds": "Predicted device seconds of all admitted work not yet done.",
+    "max_wait_seconds": "SCOREFN_MAX_WAIT_S: requests predicted to wait longer are refused.",
+    "packing": "Planned device seconds of a round over the sum of its requests' own estimates (rows padded "
+               "together, batches not full): the largest of the last 8 rounds.",
+    "overrun": "Device seconds of a round over its prediction: the largest of the last 8 rounds (at least 1).",
+    "service_seconds_per_batch": "Estimated fixed device seconds of one device batch (from the rounds run).",
+    "service_tokens_per_second": "Estimated device throughput in padded tokens per second, by bucket kind "
+                                 "(full, context, continuation, completion), once batches are large.",
+}
 
 
 class EngineStatsCollector(Collector):
@@ -46,6 +63,11 @@ class EngineStatsCollector(Collector):
             name = "scorefn_engine_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
             if key in _ENGINE_COUNTERS:
                 yield CounterMetricFamily(name, _ENGINE_COUNTERS[key], value=float(value))
+            elif isinstance(value, dict):  # one gauge per kind
+                gauge = GaugeMetricFamily(name, _ENGINE_GAUGES.get(key, f"Engine statistic {key!r}."), labels=["kind"])
+                for kind, number in sorted(value.items()):
+                    gauge.add_metric([kind], float(number))
+                yield gauge
             else:
                 yield GaugeMetricFamily(name, _ENGINE_GAUGES.get(key, f"Engine statistic {key!r}."), value=float(value))
 

@@ -3,6 +3,7 @@
     python -m loadtests.run                                  # 60 s, 4 users ramped up at 1 user/s
     python -m loadtests.run --small-buckets --duration 15    # a server that starts in seconds
     python -m loadtests.run --soak                           # 10 minutes, sampling the server's memory
+    python -m loadtests.run --open-loop 4 --duration 300     # open-loop overload at 4x (loadtests/overload.py)
 
 Writes locust's CSV and HTML reports, its log and summary.json under --reports-dir (loadtests/reports/), prints
 p50/p95/p99, throughput and the failure ratio, and exits 1 if any request failed (a wrong status, body or
@@ -45,6 +46,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-rss-slope", type=float, default=1.0,
                         help="MB per minute of RSS growth over the second half of a soak that fails it")
     parser.add_argument("--reports-dir", type=Path, default=HERE / "reports")
+    open_loop = parser.add_argument_group("open loop (loadtests/overload.py); --duration is the overload phase")
+    open_loop.add_argument("--open-loop", type=float, metavar="MULTIPLE",
+                           help="Poisson arrivals at MULTIPLE x the rate measured by the calibration phase")
+    open_loop.add_argument("--clients", type=int, default=8, help="closed-loop clients of the calibration phase")
+    open_loop.add_argument("--calibrate-s", type=float, default=10.0, help="seconds of calibration")
+    open_loop.add_argument("--baseline", type=float, default=0.5, help="multiple of the rate before and after")
+    open_loop.add_argument("--baseline-s", type=float, default=15.0, help="seconds at --baseline before the overload")
+    open_loop.add_argument("--recovery-s", type=float, default=30.0, help="seconds at --baseline after the overload")
+    open_loop.add_argument("--recover-within-s", type=float, default=10.0,
+                           help="latency must be normal again this long after the overload ends")
+    open_loop.add_argument("--bulk-items", type=int, default=1024,
+                           help="items of each request of the bulk client (0: no bulk client)")
     args = parser.parse_args(argv)
     if args.duration is None:
         args.duration = 600.0 if args.soak else 60.0
@@ -147,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     args.reports_dir.mkdir(parents=True, exist_ok=True)
     env = dict(SMALL_BUCKETS) if args.small_buckets else {}
     query_words = QUERY_WORDS["small" if args.small_buckets else "default"]
+    if args.open_loop is not None:
+        from loadtests import overload
+
+        return overload.run(args, env, query_words)
     print(f"starting scorefn serve ({'small' if args.small_buckets else 'configured'} buckets) ...", flush=True)
     started = time.monotonic()
     server = ServerProcess(env=env)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 from typing import Protocol
 
 import numpy as np
@@ -56,11 +57,22 @@ class EngineError(Exception):
 
 
 class QueueFull(EngineError):
-    """The bounded queue in front of the device is full (-> 429)."""
+    """The engine takes no more work for now (-> 429 with Retry-After): the request's predicted wait for the device
+    is over SCOREFN_MAX_WAIT_S, or SCOREFN_MAX_QUEUE requests are waiting. `retry_after_s`: whole seconds until the
+    work ahead is predicted to have drained enough (at least 1)."""
+
+    def __init__(self, message: str = "the queue is full", retry_after_s: float = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, math.ceil(retry_after_s))
 
 
 class DeadlineExceeded(EngineError):
     """The request waited longer than its deadline and was dropped without being computed (-> 503)."""
+
+
+class ShuttingDown(EngineError):
+    """The server is stopping: it takes no new work, and work it had not done when the drain ended is dropped
+    (-> 503 server_not_ready)."""
 
 
 class EngineFault(EngineError):
@@ -86,7 +98,8 @@ class ScoringEngine(Protocol):
 
     def submit(self, sequences: list[list[int]], label_ids: list[int], deadline: float | None = None,
                request_id: str | None = None) -> concurrent.futures.Future[ScoreResult]:
-        """Queue sequences for scoring; raises QueueFull at once when the queue is full.
+        """Queue sequences for scoring; raises QueueFull at once when the engine refuses more work (the request's
+        predicted wait for the device is over SCOREFN_MAX_WAIT_S, or the queue is full).
 
         `deadline` is a time.monotonic() value after which the work is dropped (DeadlineExceeded).
         `request_id` names the request in the engine's logs (e.g. when its device batch fails).
@@ -101,8 +114,9 @@ class ScoringEngine(Protocol):
     def detokenize(self, token_ids: list[int]) -> list[str]:
         """Each token as the tokenizer decodes it alone (what OpenAI's `tokens` and `top_logprobs` show)."""
 
-    def stats(self) -> dict[str, float]:
-        """Counters for /metrics: compiles, queue_depth, device_batches, device_batch_sequences."""
+    def stats(self) -> dict[str, float | dict[str, float]]:
+        """Counters and gauges for /metrics: compiles, queue_depth, device_batches, device_batch_sequences, and the
+        admission's predicted_wait_seconds, backlog_seconds, service rates...; a dict value is one gauge per kind."""
 
     def stop(self, grace_seconds: float) -> None:
         """Stop taking work, finish what is queued within the grace period, stop the device thread."""

@@ -43,6 +43,13 @@ def _log_level(text: str) -> str:
     return level
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"expected a number above 0, got {text!r}")
+    return value
+
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -115,7 +122,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_labels", "1024", int, "Most label_token_ids in one request."),
     Setting("max_total_tokens", "262144", int, "Most tokens summed over all sequences of one request."),
     Setting("max_body_bytes", "4194304", int, "Largest request body in bytes (413 request_too_large beyond)."),
-    Setting("max_queue", "256", int, "Most requests waiting for the device; beyond it 429 rate_limit_exceeded."),
+    Setting("max_queue", "256", int,
+            "Most requests waiting for the device, a hard cap beside SCOREFN_MAX_WAIT_S; beyond it 429 "
+            "rate_limit_exceeded."),
+    Setting("max_wait_s", "2", _positive_float,
+            "Admission: a request is refused (429 rate_limit_exceeded, Retry-After) when its predicted wait for the "
+            "device plus its own device work would exceed this many seconds; one with more than half of this of its "
+            "own work runs beside the others, one at a time, and must start within it. A device round holds a quarter "
+            "of it, at most 0.5 s."),
     Setting("request_timeout_s", "30", float,
             "A request still queued after this many seconds is dropped with 503 (its work is not computed)."),
     Setting("api_keys", "", _csv_strs,
@@ -164,6 +178,7 @@ class Settings:
     max_total_tokens: int
     max_body_bytes: int
     max_queue: int
+    max_wait_s: float
     request_timeout_s: float
     api_keys: tuple[str, ...]
     drain_grace_s: float

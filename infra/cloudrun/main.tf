@@ -1,7 +1,9 @@
 # scorefn on Cloud Run with one NVIDIA L4 per instance.
 #
 # Scaling: Cloud Run adds instances when the running ones approach max_instance_request_concurrency
-# in-flight requests (and on CPU); each instance batches its concurrent requests onto the GPU.
+# in-flight requests (and on CPU); each instance batches its concurrent requests onto the GPU. The
+# concurrency is what an instance can answer within its wait budget (Little's law: measured
+# requests per second x SCOREFN_MAX_WAIT_S), so Cloud Run scales out before instances refuse (429).
 # Startup: the startup probe holds traffic until GET /ready is 200 (every shape bucket compiled or
 # loaded from the persistent compile cache); liveness watches GET /health. A start that fails exits
 # the container (cause logged at CRITICAL), so Cloud Run fails the instance instead of billing it.
@@ -19,6 +21,12 @@ locals {
   service_account = "${var.service_name}-run"
   labels          = merge({ app = "scorefn", component = var.service_name }, var.labels)
   required_apis   = ["run.googleapis.com", "artifactregistry.googleapis.com", "iam.googleapis.com"]
+
+  # Requests in an instance = throughput x time spent in it (Little's law). It answers requests_per_second when
+  # saturated and admits a request only if it would wait at most max_wait_s: more in flight than their product
+  # would only be refused. E.g. 200 requests/s x 2 s = 400.
+  max_instance_request_concurrency = coalesce(var.max_instance_request_concurrency,
+  min(1000, max(1, ceil(var.requests_per_second * var.max_wait_s))))
 
   runtime_project_roles = [
     # Container stdout/stderr and request logs, and the built-in Cloud Run metrics: nothing else.
@@ -108,7 +116,7 @@ resource "google_cloud_run_v2_service" "scorefn" {
   template {
     service_account                  = google_service_account.scorefn.email
     execution_environment            = "EXECUTION_ENVIRONMENT_GEN2"
-    max_instance_request_concurrency = var.max_instance_request_concurrency
+    max_instance_request_concurrency = local.max_instance_request_concurrency
     timeout                          = "${var.request_timeout_s}s"
     gpu_zonal_redundancy_disabled    = var.gpu_zonal_redundancy_disabled
     labels                           = local.labels
@@ -148,6 +156,11 @@ resource "google_cloud_run_v2_service" "scorefn" {
       env {
         name  = "SCOREFN_DRAIN_GRACE_S"
         value = "8"
+      }
+
+      env {
+        name  = "SCOREFN_MAX_WAIT_S"
+        value = tostring(var.max_wait_s)
       }
 
       dynamic "env" {

@@ -17,3 +17,8 @@ output "service_account" {
   description = "Email of the runtime service account."
   value       = google_service_account.scorefn.email
 }
+
+output "max_instance_request_concurrency" {
+  description = "Concurrent requests per instance: max_instance_request_concurrency, or ceil(requests_per_second x max_wait_s)."
+  value       = local.max_instance_request_concurrency
+}

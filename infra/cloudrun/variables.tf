@@ -73,13 +73,35 @@ variable "max_instances" {
   default     = 3
 }
 
-variable "max_instance_request_concurrency" {
-  description = "Requests one instance handles at once. scorefn batches concurrent requests onto the GPU, so this should be at least the largest batch bucket (256 on a GPU); Cloud Run adds instances when instances run near this many requests."
+variable "max_wait_s" {
+  description = "SCOREFN_MAX_WAIT_S: an instance refuses a request (429 with Retry-After) whose predicted wait for the GPU would exceed this many seconds. With requests_per_second it sets max_instance_request_concurrency."
   type        = number
-  default     = 256
+  default     = 2
 
   validation {
-    condition     = var.max_instance_request_concurrency >= 1 && var.max_instance_request_concurrency <= 1000
+    condition     = var.max_wait_s > 0
+    error_message = "max_wait_s must be above 0."
+  }
+}
+
+variable "requests_per_second" {
+  description = "Requests per second one instance answers when saturated, for your request mix, measured: run `python -m loadtests.run --open-loop 4` against the image on an L4 (its calibrated rate). The default is a placeholder until you have measured it: no L4 has been measured for this module."
+  type        = number
+  default     = 200
+
+  validation {
+    condition     = var.requests_per_second > 0
+    error_message = "requests_per_second must be above 0."
+  }
+}
+
+variable "max_instance_request_concurrency" {
+  description = "Requests one instance handles at once; Cloud Run adds instances as the running ones approach it. null: ceil(requests_per_second x max_wait_s) within 1..1000, the requests an instance can answer within the wait budget (infra/README.md has the arithmetic)."
+  type        = number
+  default     = null
+
+  validation {
+    condition     = var.max_instance_request_concurrency == null ? true : var.max_instance_request_concurrency >= 1 && var.max_instance_request_concurrency <= 1000
     error_message = "Cloud Run allows 1..1000 concurrent requests per instance."
   }
 }

@@ -1,24 +1,28 @@
 """The scoring engine: loads a model, compiles every bucket, then scores on one dedicated device thread.
 
-Requests wait in a bounded queue; the device thread coalesces whatever arrives within `batch_wait_ms`
-(up to the largest batch bucket) into one round of device batches. Implements runtime.interface.ScoringEngine.
+Requests are admitted by their predicted wait (runtime.serving.scheduler) and computed in rounds: the device thread
+takes a round's worth of queued work (large requests in slices, interleaved with small ones), coalescing whatever
+arrives within `batch_wait_ms` on an idle device, and a fetcher thread answers each round's requests.
+Implements runtime.interface.ScoringEngine.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runtime.interface import DeadlineExceeded, EngineFault, QueueFull, ScoreResult, TokenLogprobsResult
+from runtime.interface import EngineFault, ScoreResult, ShuttingDown, TokenLogprobsResult
 from runtime.serving.buckets import BucketPlan
 from runtime.serving.compose import bucket_plan  # noqa: F401 (tests build plans the engine's way)
+from runtime.serving.cost import ServiceModel, calibrate
+from runtime.serving.scheduler import Scheduler
+from runtime.serving.slices import Entry, Round
 from runtime.tasks.classifiers import Classifier, build_classifiers
 from runtime.model.loader import default_model_id
 from runtime.tasks.rerankers import Reranker, build_rerankers
@@ -30,19 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("scorefn.runtime")
 
 _STOP = object()
-
-
-@dataclasses.dataclass
-class _Request:
-    job: "Job | TokenJob"  # runtime.serving.scorer's
-    deadline: float | None
-    submitted: float
-    future: concurrent.futures.Future
-    request_id: str | None = None  # the HTTP request's id, for logs
-
-    @property
-    def sequences(self) -> Sequence[Sequence[int]]:
-        return self.job.sequences
 
 
 def build_scorer(settings: Settings, loaded, *, lazy: bool = False):
@@ -68,14 +59,13 @@ class Engine:
         self.scorer = None
         self.tokenizer = None
         self.timings: dict[str, float] = {}
-        self._queue: queue.Queue = queue.Queue(maxsize=self.settings.max_queue)
+        self.service: ServiceModel | None = None  # predicted device seconds of work, once started
+        self._scheduler: Scheduler | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stopping = False
         self._counters = {"device_rounds": 0, "round_sequences": 0}
-        self._in_flight = 0  # rounds dispatched and not yet answered
         self.rounds_in_flight = 1  # the platform's, once started
-        self._in_flight_lock = threading.Lock()
 
     # ---- life cycle -------------------------------------------------------------------------------------
 
@@ -122,16 +112,23 @@ class Engine:
                         "stored": self.scorer.exe.loaded,
                         "cache_hits": after["hits"] - before["hits"],
                         "cache_misses": after["misses"] - before["misses"]}
+        calibrate_started = time.perf_counter()
+        service = calibrate(self.scorer)  # a few buckets run once: the first requests are judged by real timings
+        self.timings["calibrate_s"] = time.perf_counter() - calibrate_started
         log.info("warm-up done: %d buckets in %.1f s (%d loaded from the executable store; persistent cache: "
-                 "%d hits, %d misses)", total, self.timings["compile_s"], self.timings["stored"],
-                 self.timings["cache_hits"], self.timings["cache_misses"],
-                 extra={"json_fields": {"timings": self.timings}})
-        self.start_with(self.scorer)
+                 "%d hits, %d misses); service time %s (timed in %.2f s)", total, self.timings["compile_s"],
+                 self.timings["stored"], self.timings["cache_hits"], self.timings["cache_misses"],
+                 service.describe(), self.timings["calibrate_s"], extra={"json_fields": {"timings": self.timings}})
+        self.start_with(self.scorer, service)
 
-    def start_with(self, scorer) -> None:
-        """Serve with a scorer that is ready to run (start() passes its warmed-up one; fault tests a stub)."""
+    def start_with(self, scorer, service: ServiceModel | None = None) -> None:
+        """Serve with a scorer that is ready to run and the service model of its device (start() passes its
+        warmed-up and timed ones; tests a stub scorer, with a neutral model)."""
         self.scorer = scorer
         self.plan = getattr(scorer, "plan", self.plan)
+        self.service = service or ServiceModel.neutral()
+        self._scheduler = Scheduler(self.service, lambda job: scorer.cost([job], marginal=True),
+                                    self.settings.max_queue, self.settings.max_wait_s, round_cost=scorer.cost)
         self._thread = threading.Thread(target=self._device_loop, name="scorefn-device", daemon=True)
         self._thread.start()
         self._ready.set()
@@ -145,26 +142,19 @@ class Engine:
         if self._thread is None:
             return
         deadline = time.monotonic() + grace_seconds
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.01)  # draining is bounded by the grace period
+        self._scheduler.close()
+        self._scheduler.wait_idle(grace_seconds)
         self._cancel_queued()
-        try:
-            self._queue.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Full:
-            pass
+        self._scheduler.stop()
         self._thread.join(timeout=max(0.1, deadline - time.monotonic()))
 
     def _cancel_queued(self) -> None:
         """After the grace period, work still queued is cancelled: its clients get 503, not a dropped connection."""
         cancelled = []
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not _STOP and item.future.cancel():
-                cancelled.append(item.request_id)
-            self._queue.task_done()
+        for entry in self._scheduler.take_waiting():
+            if not entry.future.cancel():  # started: slices of it were computed, the rest will not be
+                self._fail(entry, ShuttingDown("the server stopped before this request's work was done"))
+            cancelled.append(entry.request_id)
         if cancelled:
             log.warning("drain grace period over: cancelled %d queued requests (request ids: %s)", len(cancelled),
                         ", ".join(map(str, cancelled)), extra={"json_fields": {"request_ids": cancelled}})
@@ -192,136 +182,113 @@ class Engine:
         return [self.tokenizer.decode([token_id]) for token_id in token_ids]
 
     def _enqueue(self, job, deadline: float | None, request_id: str | None) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        if self._stopping:
-            raise QueueFull("the server is shutting down")
-        try:
-            self._queue.put_nowait(_Request(job, deadline, time.monotonic(), future, request_id))
-        except queue.Full:
-            raise QueueFull(f"{self.settings.max_queue} requests are already waiting") from None
-        return future
+        if self._stopping or self._scheduler is None:
+            raise ShuttingDown("the server is shutting down")
+        return self._scheduler.admit(job, deadline, request_id)
 
     def score(self, sequences, label_ids) -> np.ndarray:
         """Blocking convenience: log P(label | sequence) [n_sequences, n_labels]."""
         return self.submit(sequences, label_ids).result().logprobs
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, float | dict[str, float]]:
         from runtime.serving import executables
 
         scorer = self.scorer
-        return {"compiles": scorer.exe.compiles if scorer else 0,
-                "backend_compiles": executables.cache_events()["backend_compiles"],
-                "queue_depth": self._queue.qsize(),
-                "device_batches": scorer.device_batches if scorer else 0,
-                "device_batch_sequences": scorer.device_rows if scorer else 0,
-                **self._counters}
+        stats: dict[str, float | dict[str, float]] = {
+            "compiles": scorer.exe.compiles if scorer else 0,
+            "backend_compiles": executables.cache_events()["backend_compiles"],
+            "queue_depth": 0,
+            "device_batches": scorer.device_batches if scorer else 0,
+            "device_batch_sequences": scorer.device_rows if scorer else 0,
+            **self._counters}
+        if self._scheduler is not None:
+            stats.update(self._scheduler.stats(), service_seconds_per_batch=self.service.per_batch,
+                         service_tokens_per_second=self.service.tokens_per_second())
+        return stats
 
     # ---- the device thread ----------------------------------------------------------------------------
 
-    def _collect(self, first: _Request, wait: bool) -> tuple[list[_Request], bool]:
-        """`first` plus whatever is queued (and, if `wait`, arrives within batch_wait_ms), up to the largest batch
-        bucket of rows. Returns (requests, whether _STOP came)."""
-        batch, rows = [first], len(first.sequences)
-        until = time.monotonic() + (self.settings.batch_wait_ms / 1000.0 if wait else 0.0)
-        capacity = self.plan.batches[-1]
-        while rows < capacity:
-            remaining = until - time.monotonic()
-            try:
-                item = self._queue.get_nowait() if remaining <= 0 else self._queue.get(timeout=remaining)
-            except queue.Empty:
-                break
-            if item is _STOP:
-                self._queue.task_done()
-                return batch, True
-            batch.append(item)
-            rows += len(item.sequences)
-        return batch, False
-
     def _device_loop(self) -> None:
-        """Plans and dispatches rounds; a fetcher thread waits for each one's results and answers its requests.
+        """Takes and dispatches rounds; a fetcher thread waits for each one's results and answers its requests.
 
         At most `rounds_in_flight` (runtime.serving.platform) are dispatched and not yet fetched: with two, the next round
         is planned, padded and dispatched while the device still runs the one before, so the device never waits
-        for the host; when every slot is taken, requests keep queueing and form a larger next round."""
+        for the host; when every slot is taken, requests keep queueing for the next round."""
         fetch: queue.Queue = queue.Queue()
         slots = threading.Semaphore(self.rounds_in_flight)
         fetcher = threading.Thread(target=self._fetch_loop, args=(fetch, slots), name="scorefn-fetch", daemon=True)
         fetcher.start()
-        stop = False
-        while not stop:
+        while True:
             slots.acquire()
-            first = self._queue.get()
-            if first is _STOP:
-                self._queue.task_done()
+            # On an idle device, wait batch_wait_ms for more requests; with a round in flight, what queued
+            # meanwhile is the coalescing window.
+            round = self._scheduler.next_round(self.settings.batch_wait_ms / 1000.0)
+            if round is None:
                 break
-            # With a round on the device, what queued meanwhile is the coalescing window: no extra wait.
-            batch, stop = self._collect(first, wait=self._in_flight == 0)
-            with self._in_flight_lock:
-                self._in_flight += 1
-            fetch.put(self._launch(batch))
+            try:
+                round.dispatched = self.scorer.dispatch([piece.job for piece in round.slices])
+            except Exception as exc:
+                round.error = exc
+            fetch.put(round)
         fetch.put(_STOP)
         fetcher.join()
 
     def _fetch_loop(self, fetch: queue.Queue, slots: threading.Semaphore) -> None:
-        while (launched := fetch.get()) is not _STOP:
+        while (round := fetch.get()) is not _STOP:
             try:
-                self._finish(launched)
+                self._finish(round)
             finally:
-                with self._in_flight_lock:
-                    self._in_flight -= 1
                 slots.release()
 
-    def _launch(self, batch: list[_Request]) -> "_Round":
-        """Drop requests that were cancelled or waited past their deadline, dispatch the others' device work."""
-        now = time.monotonic()
-        live = []
-        for request in batch:
-            if not request.future.set_running_or_notify_cancel():
-                continue  # the client went away
-            if request.deadline is not None and now > request.deadline:
-                request.future.set_exception(DeadlineExceeded(
-                    f"waited {now - request.submitted:.2f} s in the queue, past the request deadline"))
-                continue
-            live.append(request)
-        round = _Round(batch, live, now, time.perf_counter())
-        if live:
+    def _finish(self, round: Round) -> None:
+        """Fetch a dispatched round's results and answer the requests it completes (a failed round fails all of
+        them; a request with non-finite scores fails alone)."""
+        results = None
+        if round.error is None:
             try:
-                round.dispatched = self.scorer.dispatch([r.job for r in live])
+                results = self.scorer.collect(round.dispatched)
             except Exception as exc:
                 round.error = exc
-        return round
+        seconds = self._scheduler.finish(round)
+        log.debug("round of %d slices: predicted %.3f s, took %.3f s", len(round.slices), round.predicted_s, seconds,
+                  extra={"json_fields": {"slices": [[piece.entry.request_id, int(piece.entry.bulk), piece.start,
+                                                     piece.stop] for piece in round.slices],
+                                         "predicted_s": round.predicted_s, "seconds": seconds,
+                                         **self._scheduler.stats()}})
+        if round.error is not None:
+            ids = [piece.entry.request_id for piece in round.slices]
+            log.error("device round of %d requests failed (request ids: %s)", len(ids), ", ".join(map(str, ids)),
+                      exc_info=round.error, extra={"json_fields": {"request_ids": ids}})
+            for piece in round.slices:
+                self._fail(piece.entry, EngineFault("the device batch failed"))
+            return
+        self._counters["device_rounds"] += 1
+        self._counters["round_sequences"] += sum(piece.stop - piece.start for piece in round.slices)
+        for piece, result in zip(round.slices, results):
+            entry = piece.entry
+            if entry.future.done():  # failed in another round, or cancelled by the drain
+                continue
+            if not _finite(result):
+                log.error("non-finite scores for request %s (%d sequences)", entry.request_id, entry.rows,
+                          extra={"json_fields": {"request_ids": [entry.request_id]}})
+                self._fail(entry, EngineFault("the model produced non-finite scores"))
+                continue
+            if entry.add(piece.start, result, seconds):
+                entry.future.set_result(_result(entry))
 
-    def _finish(self, round: "_Round") -> None:
-        """Fetch a launched round's results and answer its requests (a failed round fails all of them)."""
-        try:
-            if not round.live:
-                return
-            try:
-                if round.error is not None:
-                    raise round.error
-                results = self.scorer.collect(round.dispatched)
-            except Exception:
-                ids = [r.request_id for r in round.live]
-                log.exception("device round of %d requests failed (request ids: %s)", len(round.live),
-                              ", ".join(map(str, ids)), extra={"json_fields": {"request_ids": ids}})
-                for request in round.live:
-                    request.future.set_exception(EngineFault("the device batch failed"))
-                return
-            device_seconds = time.perf_counter() - round.started
-            self._counters["device_rounds"] += 1
-            self._counters["round_sequences"] += sum(len(r.sequences) for r in round.live)
-            for request, result in zip(round.live, results):
-                if not _finite(result):
-                    log.error("non-finite scores for request %s (%d sequences)", request.request_id,
-                              len(request.sequences), extra={"json_fields": {"request_ids": [request.request_id]}})
-                    request.future.set_exception(EngineFault("the model produced non-finite scores"))
-                    continue
-                queued = round.picked - request.submitted
-                request.future.set_result(ScoreResult(result, queued, device_seconds) if isinstance(result, np.ndarray)
-                                          else TokenLogprobsResult(result, queued, device_seconds))
-        finally:
-            for _ in round.batch:
-                self._queue.task_done()
+    def _fail(self, entry: Entry, error: Exception) -> None:
+        self._scheduler.drop(entry)
+        if not entry.future.done():
+            entry.future.set_exception(error)
+
+
+def _result(entry: Entry) -> ScoreResult | TokenLogprobsResult:
+    """A request's slices put together; its queue time is all its time not spent in its rounds."""
+    parts = entry.results()
+    queued = max(0.0, time.monotonic() - entry.submitted - entry.device_s)
+    if isinstance(parts[0], np.ndarray):
+        return ScoreResult(parts[0] if len(parts) == 1 else np.concatenate(parts), queued, entry.device_s)
+    return TokenLogprobsResult([sequence for part in parts for sequence in part], queued, entry.device_s)
 
 
 def _finite(result) -> bool:
@@ -330,16 +297,6 @@ def _finite(result) -> bool:
         return bool(np.all(np.isfinite(result)))
     return all(np.all(np.isfinite(t.next_logprobs)) and np.all(np.isfinite(t.top_logprobs))
                and np.isfinite(t.next_logprob) for t in result)
-
-
-@dataclasses.dataclass
-class _Round:
-    batch: list[_Request]  # as taken from the queue (each marked done once the round is finished)
-    live: list[_Request]  # those still wanted
-    picked: float  # time.monotonic() when the device thread took them
-    started: float  # time.perf_counter() at dispatch
-    dispatched: object = None  # the scorer's Round
-    error: Exception | None = None  # dispatching failed: finishing fails the requests
 
 
 def build_engine(settings: Settings | None = None) -> Engine:

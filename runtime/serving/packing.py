@@ -52,6 +52,10 @@ class Packing:
     def min_rows(self) -> int:
         return self.rows[0]
 
+    def full_rows(self, width: int) -> int:
+        """Rows of the largest device batch at this width (what a busy device runs)."""
+        return self.rows[-1] if width <= self.width else self.wide_rows[-1]
+
     def slots_for(self, rows: int, width: int) -> int:
         """Slots of a (rows, width) shape: room for sequences of min_item_tokens (capped at the largest bucket)."""
         wanted = rows * max(1, width // self.min_item_tokens)
@@ -91,6 +95,10 @@ class Pack:
     @property
     def padded_tokens(self) -> int:
         return self.rows * self.width
+
+    @property
+    def length(self) -> int:  # a Chunk's name for its length bucket (runtime.serving.cost counts both alike)
+        return self.width
 
     @property
     def count(self) -> int:

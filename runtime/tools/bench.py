@@ -153,7 +153,8 @@ def run_w3(seconds: float, clients: int, env: dict[str, str]) -> dict:
 
     body = {"query": "Review: the room was clean and close to the station. Sentiment:",
             "items": [" The friendly staff greeted us at the door."], "label_token_ids": [2731, 3524]}
-    with ServerProcess(env=env) as server:
+    # W3 measures how far batching across requests goes, not admission: the queue may wait as long as it takes.
+    with ServerProcess(env={**env, "SCOREFN_MAX_WAIT_S": "600"}) as server:
         asyncio.run(_http_clients(server.url, 1, 1.0, body))  # connection set-up, first requests
         result = {}
         for name, n in (("serial", 1), ("concurrent", clients)):

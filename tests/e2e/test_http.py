@@ -80,9 +80,19 @@ def test_concurrent_requests_each_get_their_own_scores(server):
     queries = [f"Item number {i} is" for i in range(16)]
     alone = [scores(server, query=q, items=["", " big"], label_token_ids=[PARIS, i + 10])
              for i, q in enumerate(queries)]
+    def send(i: int) -> httpx.Response:
+        return score(server, query=queries[i], items=["", " big"], label_token_ids=[PARIS, i + 10])
+
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        together = list(pool.map(lambda i: scores(server, query=queries[i], items=["", " big"],
-                                                  label_token_ids=[PARIS, i + 10]), range(16)))
+        burst = list(pool.map(send, range(16)))
+    assert sum(r.status_code == 200 for r in burst) >= 2, [r.status_code for r in burst]
+    together = []
+    for i, response in enumerate(burst):
+        if response.status_code == 429:  # admission refused part of the burst: sent again, now that it is answered
+            assert response.json()["error"]["code"] == "rate_limit_exceeded" and response.headers["retry-after"]
+            response = send(i)
+        assert response.status_code == 200, response.text
+        together.append(np.asarray(response.json()["scores"]))
     for a, b in zip(alone, together):
         np.testing.assert_allclose(a, b, atol=1e-4)
 

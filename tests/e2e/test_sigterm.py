@@ -19,6 +19,8 @@ pytestmark = pytest.mark.slow
 POLL_S = 0.02  # interval between two looks at the server's queue
 WAIT_S = 60.0
 ROUNDS_IN_FLIGHT = resolve(load_settings(environ=SMALL_BUCKETS), current_backend()).rounds_in_flight
+# These tests queue several seconds of work on purpose (draining, not admission, is what they check).
+QUEUEING = {**SMALL_BUCKETS, "SCOREFN_MAX_WAIT_S": "600", "SCOREFN_REQUEST_TIMEOUT_S": "600"}
 
 
 def heavy_body(rng: random.Random, items: int) -> dict:
@@ -28,22 +30,26 @@ def heavy_body(rng: random.Random, items: int) -> dict:
             "label_token_ids": [7042, 4528]}
 
 
-def queue_depth(server: ServerProcess) -> float:
+def engine_metric(server: ServerProcess, name: str) -> float:
     for line in httpx.get(server.url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("scorefn_engine_queue_depth "):
+        if line.startswith((name + " ", name + "_total ")):  # counters carry the _total suffix
             return float(line.split()[-1])
     return 0.0
 
 
+def queue_depth(server: ServerProcess) -> float:
+    return engine_metric(server, "scorefn_engine_queue_depth")
+
+
 def send_while_queued(server: ServerProcess, pool: concurrent.futures.Executor, n: int,
                       items: int) -> list[concurrent.futures.Future]:
-    """n concurrent requests; returns once all but ROUNDS_IN_FLIGHT wait in the engine queue (the others are on
-    the device)."""
+    """n concurrent requests; returns once the engine has admitted all of them and all but ROUNDS_IN_FLIGHT are
+    unfinished (the head of the queue stays in it while slices of it run)."""
     rng = random.Random(n)
     bodies = [heavy_body(rng, items) for _ in range(n)]
     futures = [pool.submit(httpx.post, server.url + "/v1/score", json=body, timeout=WAIT_S) for body in bodies]
     deadline = time.monotonic() + WAIT_S
-    while queue_depth(server) < n - ROUNDS_IN_FLIGHT:
+    while engine_metric(server, "scorefn_engine_admitted") < n or queue_depth(server) < n - ROUNDS_IN_FLIGHT:
         assert time.monotonic() < deadline and not any(f.done() for f in futures), "requests did not queue up"
         threading.Event().wait(POLL_S)
     return futures
@@ -60,7 +66,7 @@ def refused_or_503(call) -> None:
 
 def test_sigterm_lets_in_flight_requests_finish_then_exits_0():
     grace = 30.0
-    with ServerProcess(env={**SMALL_BUCKETS, "SCOREFN_DRAIN_GRACE_S": str(grace)}) as server, \
+    with ServerProcess(env={**QUEUEING, "SCOREFN_DRAIN_GRACE_S": str(grace)}) as server, \
             concurrent.futures.ThreadPoolExecutor(4) as pool, httpx.Client(base_url=server.url) as kept_alive:
         assert kept_alive.get("/health").status_code == 200  # a connection opened before the signal
         futures = send_while_queued(server, pool, 4, items=16)
@@ -86,19 +92,28 @@ def test_sigterm_lets_in_flight_requests_finish_then_exits_0():
 
 def test_work_still_queued_after_the_grace_period_gets_503_and_the_process_exits_0():
     grace = 1.0
-    with ServerProcess(env={**SMALL_BUCKETS, "SCOREFN_DRAIN_GRACE_S": str(grace)}) as server, \
-            concurrent.futures.ThreadPoolExecutor(5) as pool:
-        futures = send_while_queued(server, pool, 5, items=32)
+    # One-item requests of 60 tokens: a device round (at most 0.5 s of work) holds a few; seconds of work are left
+    # when the 1 s grace period ends, however fast the machine.
+    n = 60
+    with ServerProcess(env={**QUEUEING, "SCOREFN_DRAIN_GRACE_S": str(grace)}) as server, \
+            concurrent.futures.ThreadPoolExecutor(n) as pool:
+        rng = random.Random(n)
+        bodies = [{**heavy_body(rng, 0), "items": [[rng.randrange(100, 40000) for _ in range(56)]]} for _ in range(n)]
+        futures = [pool.submit(httpx.post, server.url + "/v1/score", json=body, timeout=WAIT_S) for body in bodies]
+        deadline = time.monotonic() + WAIT_S
+        while engine_metric(server, "scorefn_engine_admitted") < n:  # every one reached the engine
+            assert time.monotonic() < deadline, "requests did not queue up"
+            threading.Event().wait(POLL_S)
         server.signal(signal.SIGTERM)
         responses = [future.result(timeout=WAIT_S) for future in futures]
         # granian kills the worker at grace + 5 s (--workers-kill-timeout); the drain ends well before.
         assert server.proc.wait(timeout=grace + 5) == 0
 
     statuses = sorted(r.status_code for r in responses)
-    assert set(statuses) <= {200, 503} and 200 in statuses and 503 in statuses, statuses
+    assert set(statuses) <= {200, 503} and 200 in statuses and 503 in statuses, [
+        (r.status_code, r.text[:200]) for r in responses if r.status_code != 200]
     for response in responses:
         if response.status_code == 503:  # never a dropped connection: an answer in the envelope
             assert response.json()["error"]["code"] == "server_not_ready"
             assert response.headers["retry-after"]
-    log = "".join(server.lines)
-    assert f"cancelled {statuses.count(503)} queued requests" in log
+    assert f"cancelled {statuses.count(503)} queued requests" in "".join(server.lines)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runtime.interface import DeadlineExceeded, EngineFault, QueueFull
+from runtime.interface import DeadlineExceeded, EngineFault, QueueFull, ShuttingDown
 from handler.errors import ERRORS, INTERNAL_ERROR_MESSAGE, ApiError
 from tests.handler.clients import Reply
 from tests.handler.conftest import FACES, make_settings, score_body, serve
@@ -241,3 +241,19 @@ def test_submit_raising_anything_else_is_a_generic_500(face: str) -> None:
 def test_queue_full_reported_through_the_future_is_429_too(face: str) -> None:
     reply = _score(score_body(), setup=_set("fail_with", QueueFull()))(face, FakeEngine())
     assert reply.status == 429 and reply.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_a_refusal_says_why_and_when_to_retry(face: str) -> None:
+    refusal = QueueFull("this request would wait 5.3 s for the device", retry_after_s=4.2)
+    reply = _score(score_body(), setup=_set("raise_on_submit", refusal))(face, FakeEngine())
+    assert reply.status == 429 and reply.headers["retry-after"] == "5"  # one header: the engine's, not the default
+    message = reply.json()["error"]["message"]
+    assert "would wait 5.3 s" in message and message.endswith("Please retry after 5 seconds.")
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_work_cut_short_by_a_shutdown_is_503_server_not_ready(face: str) -> None:
+    reply = _score(score_body(), setup=_set("fail_with", ShuttingDown("stopped")))(face, FakeEngine())
+    assert reply.status == 503 and reply.json()["error"]["code"] == "server_not_ready"
+    assert reply.headers["retry-after"] == str(ERRORS["server_not_ready"].retry_after_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -118,13 +119,28 @@ def test_cloud_run_scaling_knobs_are_variables(cloudrun: dict[str, Any]) -> None
     scaling = block(template, "scaling")
     assert scaling["min_instance_count"] == "${var.min_instances}"
     assert scaling["max_instance_count"] == "${var.max_instances}"
-    assert template["max_instance_request_concurrency"] == "${var.max_instance_request_concurrency}"
     assert default(cloudrun, "min_instances") == 0
     assert default(cloudrun, "max_instances") >= 1
+
+
+def test_cloud_run_concurrency_is_what_an_instance_answers_within_the_wait_budget(
+        cloudrun: dict[str, Any], settings_defaults: dict[str, str]) -> None:
+    template = block(service(cloudrun), "template")
+    assert template["max_instance_request_concurrency"] == "${local.max_instance_request_concurrency}"
+    # Little's law: throughput x the wait budget, unless set explicitly; within Cloud Run's 1..1000.
+    assert cloudrun["locals"]["max_instance_request_concurrency"] == (
+        "${coalesce(var.max_instance_request_concurrency, "
+        "min(1000, max(1, ceil(var.requests_per_second * var.max_wait_s))))}")
+    assert default(cloudrun, "max_instance_request_concurrency") is None
+    derived = min(1000, max(1, math.ceil(default(cloudrun, "requests_per_second") * default(cloudrun, "max_wait_s"))))
     from runtime.serving.platform import DEFAULT_BUCKETS
 
     largest_batch = max(DEFAULT_BUCKETS["accelerator"][0])  # Cloud Run runs the GPU image: the accelerator buckets
-    assert default(cloudrun, "max_instance_request_concurrency") >= largest_batch, "room to fill a device batch"
+    assert derived >= largest_batch, "room to fill a device batch"
+    # The instance admits by the same budget the concurrency is derived from, the setting's default unless changed.
+    env = {e["name"]: e["value"] for e in scorefn_container(cloudrun)["env"]}
+    assert env["SCOREFN_MAX_WAIT_S"] == "${tostring(var.max_wait_s)}"
+    assert default(cloudrun, "max_wait_s") == float(settings_defaults["max_wait_s"])
 
 
 def test_cloud_run_weights_volume_is_read_only_and_sets_the_model(cloudrun: dict[str, Any]) -> None:

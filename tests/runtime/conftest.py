@@ -92,6 +92,15 @@ def random_sequences(rng: np.random.Generator, count: int, low: int, high: int, 
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, embedded_dir):
+    """A tiny random Llama with SmolLM2's tokenizer: engines start on it as on the embedded model, for tests of the
+    engine's machinery (compiles, the store, batching) rather than of the model's numbers."""
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    tiny_served("llama", directory, embedded_dir, tie_word_embeddings=True)
+    return directory
+
+
+@pytest.fixture(scope="session")
 def tokenizer(embedded_dir):
     """The embedded model's tokenizer."""
     from runtime.model.loader import load_tokenizer

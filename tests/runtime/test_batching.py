@@ -13,9 +13,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def engine(cache_dir, tmp_path_factory):
-    engine = Engine(small_settings(cache_dir, tmp_path_factory.mktemp("xla"), batch_buckets=(1, 4, 16),
-                                   batch_wait_ms=50.0, max_labels=16))
+def engine(tiny_llama_dir, cache_dir, tmp_path_factory):
+    # A wait budget this machine's device meets for all of a test's requests at once: these tests are about
+    # coalescing, not admission (tests/runtime/test_admission.py).
+    engine = Engine(small_settings(tiny_llama_dir, cache_dir, tmp_path_factory.mktemp("xla"),
+                                   batch_buckets=(1, 4, 16), batch_wait_ms=50.0, max_labels=16, max_wait_s=600.0))
     engine.start()
     yield engine
     engine.stop(5)
@@ -46,3 +48,24 @@ def test_scores_do_not_depend_on_arrival_order(engine):
     backward = [f.result().logprobs for f in [engine.submit(s, l) for s, l in reversed(work)]][::-1]
     for a, b in zip(forward, backward):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)  # float32 rounding differs by bucket; a mix-up is >> 1e-2
+
+
+def test_the_cost_of_a_request_is_the_device_work_the_scorer_plans_for_it(engine):
+    from runtime.interface import Sampling
+    from runtime.serving.scorer import Job, TokenJob
+
+    rng = np.random.default_rng(2)
+    query = rng.integers(0, 49152, 20).tolist()
+    jobs = {"full": Job([rng.integers(0, 49152, n).tolist() for n in (30, 20, 10, 5, 3)], [1]),
+            "shared prefix": Job([query + [i] for i in range(9)], [1]),
+            "completion": TokenJob(random_sequences(rng, 3, 2, 20, 49152), [Sampling()] * 3)}
+    costs = {name: engine.scorer.cost([job]) for name, job in jobs.items()}
+    assert costs["full"].full == 16 * 32 and costs["full"].batches == 1  # 5 rows padded to a batch of 16 x 32
+    # a 20-token prefix in a 32-token context, then 9 one-token items in batches of 4 x 8
+    assert costs["shared prefix"].context == 32 and costs["shared prefix"].continuation == 3 * 4 * 8
+    assert costs["completion"].completion > 0 and costs["completion"].full == 0
+    for name, job in jobs.items():
+        before = engine.scorer.device_batches
+        engine.scorer.score_jobs([job])
+        prefill = 1 if costs[name].context else 0  # the shared prefix's own batch is not counted as a device batch
+        assert engine.scorer.device_batches - before == costs[name].batches - prefill, name

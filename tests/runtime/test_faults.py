@@ -18,6 +18,7 @@ import pytest
 from handler.core import ScoringCore
 from runtime.interface import EngineError
 from handler.http import HttpRequest, HttpResponse, PendingScore
+from runtime.serving.cost import Work
 from runtime.serving.engine import Engine, bucket_plan
 from runtime.serving.platform import resolve
 from runtime.settings import load_settings
@@ -38,6 +39,10 @@ class StubScorer:
         self.rounds: list[list[list[list[int]]]] = []  # per round: each job's sequences
         settings = load_settings(environ={})
         self.plan = bucket_plan(settings, resolve(settings, backend="cpu"))
+
+    @staticmethod
+    def cost(jobs, marginal: bool = False) -> Work:
+        return Work(batches=len(jobs), full=sum(len(seq) for job in jobs for seq in job.sequences))
 
     def collect(self, results: list[np.ndarray]) -> list[np.ndarray]:
         return results

@@ -11,6 +11,7 @@ import pytest
 
 from runtime.model.config import load_config
 from runtime.serving.packing import Pack, Packing, arrays, first_fit, pack_continuations, pack_full
+from runtime.serving.scorer import Job
 from runtime.settings import load_settings
 from tests.conftest import torch_label_logprobs
 from tests.runtime.conftest import CASES as MODELS
@@ -88,6 +89,11 @@ def test_packed_scores_match_transformers_in_full_and_after_a_shared_prefix(case
     for sequences in (full, shared):
         np.testing.assert_allclose(scorer.score(sequences, labels), torch_label_logprobs(torch_model, sequences, labels),
                                    atol=1e-4, rtol=0)
+    # The admission estimate (runtime.serving.cost) counts the packs dispatch makes: alone, and as a share of full ones.
+    packs = pack_full(PACKING, sorted(map(len, full), reverse=True), PLAN.lengths)
+    alone, marginal = scorer.cost([Job(full, labels)]), scorer.cost([Job(full, labels)], marginal=True)
+    assert alone.batches == len(packs) and alone.full == sum(p.padded_tokens for p in packs)
+    assert 0 < marginal.batches < alone.batches and marginal.full == alone.full
     if scorer.rope_length_limit is not None:  # rows of sequences longer than the limit: their own frequencies
         assert max(map(len, full)) > scorer.rope_length_limit
     assert scorer.prefix_batches >= 1 and {m for m, _ in scorer.exe._compiled} >= {

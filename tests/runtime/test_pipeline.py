@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 
+from runtime.serving.cost import Work
 from runtime.serving.engine import Engine, bucket_plan
 from runtime.serving.platform import resolve
 from runtime.settings import load_settings
@@ -24,6 +25,10 @@ class RecordingScorer:
         self.device_done = threading.Event()
         self.dispatched = threading.Event()
         self.rounds = 0
+
+    @staticmethod
+    def cost(jobs, marginal: bool = False) -> Work:
+        return Work(batches=len(jobs), full=sum(len(seq) for job in jobs for seq in job.sequences))
 
     def dispatch(self, jobs):
         self.rounds += 1

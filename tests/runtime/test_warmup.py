@@ -11,19 +11,16 @@ from runtime.serving import executables
 from runtime.serving.engine import Engine
 from runtime.interface import Sampling
 from runtime.settings import load_settings
-from tests.runtime.conftest import random_sequences, tiny_served
+from tests.runtime.conftest import random_sequences
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, embedded_dir):
-    """What these tests count (compiles, stored and loaded executables) does not depend on the model's size: a tiny
-    Llama with SmolLM2's tokenizer starts like the embedded model, and its bfloat16 programs (the layer loop
-    unrolled on a CPU) compile in a fraction of the time 30 layers take."""
-    directory = tmp_path_factory.mktemp("tiny-llama")
-    tiny_served("llama", directory, embedded_dir, tie_word_embeddings=True)
-    return directory
+def model_dir(tiny_llama_dir):
+    """What these tests count (compiles, stored and loaded executables) does not depend on the model's size; the
+    bfloat16 programs (the layer loop unrolled on a CPU) of two layers compile in a fraction of 30 layers' time."""
+    return tiny_llama_dir
 
 
 def small_settings(model_dir, cache_dir, xla_dir, **overrides):

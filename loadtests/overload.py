@@ -1,0 +1,239 @@
+"""`python -m loadtests.run --open-loop MULTIPLE`: the open-loop overload run (loadtests/openloop.py), judged.
+
+Starts `scorefn serve` on a loopback port, runs the plan (calibrate, baseline, overload at MULTIPLE x the measured
+rate, recovery), samples the server's RSS, then writes under --reports-dir: openloop.json (every request),
+openloop_summary.json (per phase and scenario: answered, refused, p50/p99; a timeline; fairness; RSS) and locust's
+CSV/HTML. The run fails if
+- any answer is not a checked 200 or a 429 with its Retry-After,
+- the overload phase (above 1x) refused nothing, or its answered one-item scores and completions (requests small
+  enough for the admission to bound their latency) have p99 above SCOREFN_MAX_WAIT_S plus one device round (the p99 of the one-item
+  requests' x-device-time, at least the round budget: a quarter of SCOREFN_MAX_WAIT_S, at most 0.5 s),
+- those sent from --recover-within-s after the overload are refused more often than in the baseline (+10 points,
+  and more than one),
+  their p50 is above normal (the baseline's x1.5, or plus two round budgets) or their p99 above the bound above,
+- the server does not exit 0 on SIGTERM, or (--soak) its RSS grows steadily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from runtime.settings import load_settings
+
+HERE = Path(__file__).resolve().parent
+SMALL = ("score 1 item",)  # the requests whose latency shows fairness against the bulk client
+# Requests whose own work always fits half of the wait budget: admission bounds their latency (budget + one round).
+# Larger ones (32 items, rerank on a slow device, bulk) may be served beside the others, at part of the device.
+BOUNDED = ("score 1 item", "completions")
+TIMELINE_S = 5.0
+
+
+def plan(args: argparse.Namespace, query_words: int) -> dict[str, Any]:
+    return {"clients": args.clients, "calibrate_s": args.calibrate_s, "baseline": args.baseline,
+            "baseline_s": args.baseline_s, "multiple": args.open_loop, "overload_s": args.duration,
+            "recovery_s": args.recovery_s, "bulk_items": args.bulk_items, "query_words": query_words, "seed": 0}
+
+
+def run_locust(url: str, args: argparse.Namespace, query_words: int) -> dict[str, Any]:
+    reports = args.reports_dir
+    records_path = reports / "openloop.json"
+    records_path.unlink(missing_ok=True)
+    steps = args.calibrate_s + args.baseline_s + args.duration + args.recovery_s
+    command = [sys.executable, "-m", "locust", "-f", str(HERE / "openloop.py"), "--headless", "--host", url,
+               "--users", "1", "--spawn-rate", "1", "--run-time", f"{steps + 300:g}s", "--stop-timeout", "30",
+               "--only-summary", "--csv", str(reports / "openloop"), "--html", str(reports / "openloop.html"),
+               "--exit-code-on-error", "0"]
+    env = {**os.environ, "OPENLOOP_PLAN": json.dumps(plan(args, query_words)), "OPENLOOP_RECORDS": str(records_path)}
+    with open(reports / "openloop_locust.log", "w") as log:
+        subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=steps + 600, check=True)
+    return json.loads(records_path.read_text())
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (0 for no values), as loadtests/locustfile.py computes it."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return round(ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)], 4)
+
+
+def latency(records: list[dict], q: float) -> float:
+    return percentile([r["latency"] for r in records if r["status"] == 200], q)
+
+
+def describe(records: list[dict], seconds: float) -> dict[str, Any]:
+    statuses: dict[str, int] = {}
+    for r in records:
+        statuses[str(r["status"])] = statuses.get(str(r["status"]), 0) + 1
+    answered = statuses.get("200", 0)
+    return {"sent": len(records), "statuses": dict(sorted(statuses.items())),
+            "answered_per_s": round(answered / seconds, 2) if seconds > 0 else 0.0,
+            "refused_ratio": round(statuses.get("429", 0) / len(records), 4) if records else 0.0,
+            "p50_s": latency(records, 50), "p99_s": latency(records, 99), "max_s": latency(records, 100)}
+
+
+def summarize(data: dict[str, Any], max_wait_s: float, recover_within_s: float) -> dict[str, Any]:
+    records, bounds = data["records"], data["phases"]
+    # One device round, as they ran: a one-item request is computed in a single round, its x-device-time.
+    rounds = [r["device"] for r in records
+              if r["phase"] == "overload" and r["scenario"] in SMALL and r["status"] == 200]
+    summary: dict[str, Any] = {"calibrated_rate_per_s": round(data["rate"], 2), "multiple": data["plan"]["multiple"],
+                               "max_wait_s": max_wait_s,
+                               "round_budget_s": min(max_wait_s / 4, 0.5), "round_p99_s": percentile(rounds, 99),
+                               "phases": {}}
+    for phase, (start, end) in bounds.items():
+        mine = [r for r in records if r["phase"] == phase]
+        summary["phases"][phase] = {
+            "seconds": round(end - start, 1), "rate_per_s": round(data["rate"] * _multiple(data["plan"], phase), 2),
+            **describe([r for r in mine if r["scenario"] != "bulk"], end - start),
+            "bounded": describe([r for r in mine if r["scenario"] in BOUNDED], end - start),
+            "scenarios": {name: describe([r for r in mine if r["scenario"] == name], end - start)
+                          for name in sorted({r["scenario"] for r in mine})}}
+    if "overload" in bounds and "recovery" in bounds:
+        settled = bounds["overload"][1] + recover_within_s
+        late = [r for r in records if r["phase"] == "recovery" and r["sent"] >= settled and r["scenario"] in BOUNDED]
+        summary["recovered"] = {"from_s": round(settled, 1), **describe(late, bounds["recovery"][1] - settled)}
+    summary["timeline"] = timeline(records)
+    summary["fairness"] = fairness(records)
+    return summary
+
+
+def _multiple(plan: dict[str, Any], phase: str) -> float:
+    return {"calibrate": 1.0, "baseline": plan["baseline"], "overload": plan["multiple"],
+            "recovery": plan["baseline"]}[phase]
+
+
+def timeline(records: list[dict]) -> list[dict[str, Any]]:
+    """Per TIMELINE_S window of sending time (bulk aside): sent, answered, refused, answered p50/p99."""
+    windows: dict[int, list[dict]] = {}
+    for r in records:
+        if r["scenario"] != "bulk":
+            windows.setdefault(int(r["sent"] // TIMELINE_S), []).append(r)
+    return [{"t": k * TIMELINE_S, "phase": rs[0]["phase"], "sent": len(rs),
+             "answered": sum(r["status"] == 200 for r in rs), "refused": sum(r["status"] == 429 for r in rs),
+             "p50_s": latency(rs, 50), "p99_s": latency(rs, 99)} for k, rs in sorted(windows.items())]
+
+
+def fairness(records: list[dict]) -> dict[str, Any]:
+    """One-item requests answered while a bulk request was being computed, against those answered without one."""
+    bulk = [(r["sent"], r["sent"] + r["latency"]) for r in records if r["scenario"] == "bulk" and r["status"] == 200]
+    small = [r for r in records if r["scenario"] in SMALL and r["status"] == 200]
+    beside = [r for r in small if any(s < r["sent"] + r["latency"] and r["sent"] < e for s, e in bulk)]
+    alone = [r for r in small if r not in beside]
+    bulk_records = [r for r in records if r["scenario"] == "bulk"]
+    return {"bulk": describe(bulk_records, 1.0) | {"answered_per_s": None},
+            "one_item_beside_bulk": answered(beside), "one_item_alone": answered(alone)}
+
+
+def answered(records: list[dict]) -> dict[str, Any]:
+    return {"answered": len(records), "p50_s": latency(records, 50), "p99_s": latency(records, 99)}
+
+
+def verdict(summary: dict[str, Any], records: list[dict]) -> list[str]:
+    problems = []
+    wrong = [r for r in records if r["status"] not in (200, 429) or "problem" in r]
+    if wrong:
+        problems.append(f"{len(wrong)} answers were neither a checked 200 nor a 429 with Retry-After, e.g. {wrong[0]}")
+    phases = summary["phases"]
+    bound = summary["max_wait_s"] + max(summary["round_budget_s"], summary["round_p99_s"])
+    if "overload" in phases:
+        overload = phases["overload"]
+        if summary["multiple"] > 1 and overload["statuses"].get("429", 0) == 0:
+            problems.append("the overload phase refused nothing: it did not overload the server")
+        if overload["bounded"]["p99_s"] > bound:
+            problems.append(f"answered p99 under overload {overload['bounded']['p99_s']:.2f} s (one-item scores, "
+                            f"completions) is over SCOREFN_MAX_WAIT_S + one device round (p99 "
+                            f"{summary['round_p99_s']:.2f} s) = {bound:.2f} s")
+    if "recovered" in summary and "baseline" in phases:
+        baseline = phases["baseline"]["bounded"]
+        # The median says whether the queue has drained (a few samples' p99 is their slowest one). Slack: rounds of
+        # bulk work (a 1,024-item or a 32-item request on a slow device) may run beside them, or not, in either phase.
+        normal = max(1.5 * baseline["p50_s"], baseline["p50_s"] + 2 * summary["round_budget_s"])
+        late = summary["recovered"]
+        refused = late["statuses"].get("429", 0)
+        if refused > max(1.0, (baseline["refused_ratio"] + 0.1) * late["sent"]):  # one may be bad luck
+            problems.append(f"{late['refused_ratio']:.1%} of the requests sent from {late['from_s']:.0f} s, after the "
+                            f"load had dropped, were refused (baseline {baseline['refused_ratio']:.1%})")
+        if late["p50_s"] > normal:
+            problems.append(f"p50 {late['p50_s']:.2f} s after the load dropped is not back to normal "
+                            f"({normal:.2f} s: the baseline's {baseline['p50_s']:.2f} s)")
+        if late["p99_s"] > bound:
+            problems.append(f"p99 {late['p99_s']:.2f} s after the load dropped is over SCOREFN_MAX_WAIT_S + one round "
+                            f"({bound:.2f} s)")
+    return problems
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    print(f"calibrated rate {summary['calibrated_rate_per_s']:.1f} requests/s; SCOREFN_MAX_WAIT_S "
+          f"{summary['max_wait_s']:g} s")
+    for phase, p in summary["phases"].items():
+        statuses = p["statuses"]
+        print(f"{phase:10} {p['seconds']:6.0f} s at {p['rate_per_s']:6.1f}/s: sent {p['sent']:6d}  answered "
+              f"{statuses.get('200', 0):6d} ({p['answered_per_s']:.1f}/s)  refused {statuses.get('429', 0):6d}  "
+              f"p50 {p['p50_s']:.3f} s  p99 {p['p99_s']:.3f} s  statuses {statuses}")
+        b = p["bounded"]
+        print(f"    {'(one-item, completions)':24} p50 {b['p50_s']:.3f} s  p99 {b['p99_s']:.3f} s  "
+              f"refused {b['refused_ratio']:.1%}")
+        for name, s in p["scenarios"].items():
+            print(f"    {name:16} sent {s['sent']:6d}  answered {s['statuses'].get('200', 0):6d}  refused "
+                  f"{s['statuses'].get('429', 0):6d}  p50 {s['p50_s']:.3f} s  p99 {s['p99_s']:.3f} s")
+    if "recovered" in summary:
+        r = summary["recovered"]
+        print(f"from {r['from_s']:.0f} s (after the drop): sent {r['sent']}  p50 {r['p50_s']:.3f} s  p99 "
+              f"{r['p99_s']:.3f} s  statuses {r['statuses']}")
+    f = summary["fairness"]
+    beside, alone = f["one_item_beside_bulk"], f["one_item_alone"]
+    print(f"fairness: one-item p50/p99 {beside['p50_s']:.3f}/{beside['p99_s']:.3f} s beside a bulk request "
+          f"({beside['answered']}), {alone['p50_s']:.3f}/{alone['p99_s']:.3f} s without ({alone['answered']}); "
+          f"bulk: {f['bulk']['statuses']}, p50 {f['bulk']['p50_s']:.1f} s")
+
+
+def run(args: argparse.Namespace, server_env: dict[str, str], query_words: int) -> int:
+    from loadtests.run import RssSampler, slope_mb_per_min
+    from runtime.tools.serverproc import ServerProcess
+
+    reports = args.reports_dir
+    max_wait_s = load_settings(environ={**os.environ, **server_env}).max_wait_s
+    print(f"starting scorefn serve ({'small' if args.small_buckets else 'configured'} buckets) ...", flush=True)
+    started = time.monotonic()
+    server = ServerProcess(env=server_env)
+    print(f"ready at {server.url} after {time.monotonic() - started:.1f} s; open loop: calibrate "
+          f"{args.calibrate_s:g} s ({args.clients} clients), baseline {args.baseline:g}x for {args.baseline_s:g} s, overload "
+          f"{args.open_loop:g}x for {args.duration:g} s, recovery {args.baseline:g}x for {args.recovery_s:g} s; "
+          f"bulk client: {args.bulk_items} items", flush=True)
+    try:
+        with RssSampler(server.proc.pid, args.rss_interval) as sampler:
+            data = run_locust(server.url, args, query_words)
+    finally:
+        exit_code = server.stop()
+    summary = summarize(data, max_wait_s, args.recover_within_s)
+    rss = sampler.samples
+    summary["rss_mb"] = {"start": rss[0][1], "end": rss[-1][1], "max": max(m for _, m in rss),
+                         "second_half_slope_mb_per_min": slope_mb_per_min(rss),
+                         "samples": [[round(t, 1), round(m, 1)] for t, m in rss]}
+    summary["load_average"] = os.getloadavg()
+    print_summary(summary)
+    print(f"server RSS MB  start {rss[0][1]:.0f}  end {rss[-1][1]:.0f}  max {summary['rss_mb']['max']:.0f}  "
+          f"second-half slope {summary['rss_mb']['second_half_slope_mb_per_min']:+.2f} MB/min; load average "
+          + " ".join(f"{x:.2f}" for x in summary["load_average"]))
+    problems = verdict(summary, data["records"])
+    if args.soak and summary["rss_mb"]["second_half_slope_mb_per_min"] > args.max_rss_slope:
+        problems.append(f"server RSS grows {summary['rss_mb']['second_half_slope_mb_per_min']:.2f} MB/min over the "
+                        f"second half (bound {args.max_rss_slope})")
+    if exit_code != 0:
+        problems.append(f"the server exited {exit_code} after SIGTERM")
+    summary.update(server_exit_code=exit_code, passed=not problems, problems=problems)
+    (reports / "openloop_summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"reports: {reports}/openloop.html, openloop_summary.json, openloop.json")
+    for problem in problems:
+        print(f"FAILED: {problem}")
+    print("PASSED" if not problems else "FAILED")
+    return 1 if problems else 0

@@ -1,0 +1,157 @@
+"""What device work costs: the padded tokens per bucket kind and the device batches of a request (or a round), and a
+running estimate of the seconds they take on this device.
+
+    seconds ~= per_batch * device batches + sum over kinds of per_token[kind] * padded tokens of that kind
+
+Every device batch pays a fixed price (the weights stream through once, the launches), every padded token its
+share of the matmuls; the kinds differ (a continuation also attends to its shared context, a completion row runs the
+vocabulary head at every position). The estimate is seeded at start-up by timing a few buckets (`calibrate`) and then
+corrected after every device round by what the round really took (`ServiceModel.observe`). Pure Python: `calibrate`
+imports the scorer only when called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:
+    from runtime.serving.buckets import Chunk
+    from runtime.serving.scorer import Scorer
+
+log = logging.getLogger("scorefn.runtime")
+
+KINDS = ("full", "context", "continuation", "completion")
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """Device batches and padded tokens per bucket kind (floats: a slice of a request holds a share of them)."""
+    batches: float = 0.0
+    full: float = 0.0  # whole sequences, read at the last position
+    context: float = 0.0  # a shared prefix, computed once
+    continuation: float = 0.0  # items after a shared prefix
+    completion: float = 0.0  # whole sequences, read at every position (/v1/completions)
+
+    @classmethod
+    def of(cls, kind: str, chunks: Sequence["Chunk"]) -> "Work":
+        """The device batches a BucketPlan split makes, as work of one kind."""
+        return cls(batches=len(chunks), **{kind: float(sum(chunk.padded_tokens for chunk in chunks))})
+
+    @classmethod
+    def shared(cls, kind: str, chunks: Sequence["Chunk"], full_batch: Callable[[int], int]) -> "Work":
+        """Rows that other requests' rows can join in a device batch: each pays its length bucket and its share
+        of a full batch (`full_batch(length)` rows), as on a busy device."""
+        return cls(batches=sum(c.rows / full_batch(c.length) for c in chunks),
+                   **{kind: float(sum(c.rows * c.length for c in chunks))})
+
+    def vector(self) -> tuple[float, float, float, float, float]:
+        return self.batches, self.full, self.context, self.continuation, self.completion
+
+    def __add__(self, other: "Work") -> "Work":
+        return Work(*(a + b for a, b in zip(self.vector(), other.vector())))
+
+    def __sub__(self, other: "Work") -> "Work":
+        return Work(*(a - b for a, b in zip(self.vector(), other.vector())))
+
+    def __mul__(self, factor: float) -> "Work":
+        return Work(*(a * factor for a in self.vector()))
+
+    @property
+    def tokens(self) -> float:
+        return self.full + self.context + self.continuation + self.completion
+
+
+class ServiceModel:
+    """Predicted device seconds of Work; corrected after each round (thread-safe: parameters are swapped whole)."""
+
+    # How far one round moves the estimate towards what it measured (in log space), and the largest correction
+    # one round may ask for: a round slowed by something else (a GC pause, a noisy neighbour) moves it little.
+    RATE = 0.5
+    MAX_RATIO = 4.0
+    FLOOR = 1e-9  # a parameter never reaches 0 (a multiplicative update could not move it back)
+
+    def __init__(self, per_batch: float, per_token: dict[str, float]) -> None:
+        self._params = tuple(max(v, self.FLOOR) for v in (per_batch, *(per_token[k] for k in KINDS)))
+        self.rounds = 0  # rounds observed since start-up
+
+    @classmethod
+    def neutral(cls) -> "ServiceModel":
+        """A model for engines started without a warm-up (tests with stub scorers): 1 ms a batch, 10 us a token."""
+        return cls(1e-3, dict.fromkeys(KINDS, 1e-5))
+
+    def seconds(self, work: Work) -> float:
+        return sum(p * x for p, x in zip(self._params, work.vector()))
+
+    def observe(self, work: Work, seconds: float) -> None:
+        """A round of this work took `seconds`: move each parameter by the share of the prediction it made."""
+        params = self._params
+        shares = [p * x for p, x in zip(params, work.vector())]
+        predicted = sum(shares)
+        if predicted <= 0 or seconds <= 0:
+            return
+        log_ratio = math.log(min(max(seconds / predicted, 1 / self.MAX_RATIO), self.MAX_RATIO))
+        self._params = tuple(max(p * math.exp(self.RATE * share / predicted * log_ratio), self.FLOOR)
+                             for p, share in zip(params, shares))
+        self.rounds += 1
+
+    @property
+    def per_batch(self) -> float:
+        return self._params[0]
+
+    def tokens_per_second(self) -> dict[str, float]:
+        """Marginal throughput per kind: padded tokens per second once batches are large."""
+        return {kind: 1.0 / p for kind, p in zip(KINDS, self._params[1:])}
+
+    def describe(self) -> str:
+        rates = ", ".join(f"{kind} {rate:,.0f}" for kind, rate in self.tokens_per_second().items())
+        return f"{self.per_batch * 1000:.1f} ms per device batch; padded tokens/s: {rates}"
+
+
+def calibrate(scorer: "Scorer", grow_until: float = 2.0, step_cap_s: float = 0.3) -> ServiceModel:
+    """Seed a ServiceModel by running a few compiled buckets once each, through the scorer itself.
+
+    Full buckets: the smallest one, then one of at least 4x its tokens, then further 4x steps while per-token work
+    does not yet show (a run under `grow_until` times the smallest one's) and the next run is predicted to take at
+    most `step_cap_s`; the smallest and the last give the per-batch and per-token prices. Then one completion bucket
+    of about as many tokens (the vocabulary head at every position: about twice the price of a full token on the
+    development CPU). A shared prefix's context and continuation start at the full price (within a third of it,
+    measured) and are told apart by the rounds that run them. On the development CPU three or four runs, 0.4-0.7 s;
+    on an accelerator each run takes milliseconds.
+    """
+    from runtime.interface import Sampling
+    from runtime.serving.scorer import Job, TokenJob
+
+    plan = scorer.plan
+
+    def timed(job) -> tuple[Work, float]:
+        work = scorer.cost([job])
+        started = time.perf_counter()
+        scorer.score_jobs([job])
+        return work, time.perf_counter() - started
+
+    shortest = plan.lengths[0]
+    small_work, small_s = timed(Job([[1] * shortest], [0]))
+    big_work, big_s = small_work, small_s
+    for batch, length in sorted(plan.full(), key=lambda b_t: (b_t[0] * b_t[1], b_t[0])):
+        tokens = batch * length
+        if tokens < 4 * big_work.full or tokens > max(plan.max_tokens // 4, shortest):
+            continue
+        if big_work is not small_work and (big_s >= grow_until * small_s or
+                                           big_s * tokens / big_work.full > step_cap_s):
+            break
+        big_work, big_s = timed(Job([[2 + i % 64] + [1] * (length - 1) for i in range(batch)], [0]))  # no common prefix
+    per_token = (big_s - small_s) / (big_work.full - small_work.full) if big_work.full > small_work.full else 0.0
+    per_batch = small_s - per_token * small_work.full
+    if per_token <= 0 or per_batch < 0:  # noise: charge everything to the tokens
+        per_token, per_batch = big_s / max(big_work.full, 1.0), 0.0
+    rates = dict.fromkeys(KINDS, per_token)
+    completions = plan.completions()
+    if completions:
+        batch, length = min(completions, key=lambda b_t: (abs(b_t[0] * b_t[1] - big_work.full), b_t))
+        work, seconds = timed(TokenJob([[1] * length] * batch, [Sampling()] * batch))
+        rates["completion"] = max((seconds - per_batch * work.batches) / work.completion, per_token / 4)
+    return ServiceModel(per_batch, rates)
