@@ -187,12 +187,23 @@ def _write_atomic(path: Path, blob: bytes) -> None:
     partial.replace(path)  # atomic: a concurrent reader sees the whole file or none
 
 
-def _source_digest() -> str:
+# runtime/serving modules that decide when work runs, never what a program computes: a change to admission or
+# scheduling keeps the stored executables (an image's baked set, a warm cache).
+_NOT_IN_PROGRAMS = frozenset({"engine.py", "cost.py", "scheduler.py", "slices.py"})
+
+
+def source_files() -> list[Path]:
     """The sources that shape a compiled program: the model (runtime/model) and how it is compiled and placed
-    (runtime/serving). Tasks, tools and the handler do not change an executable."""
+    (runtime/serving). Tasks, tools, the handler and admission do not change an executable."""
+    runtime = Path(__file__).resolve().parent.parent
+    return sorted([*(runtime / "model").glob("*.py"),
+                   *(p for p in (runtime / "serving").glob("*.py") if p.name not in _NOT_IN_PROGRAMS)])
+
+
+def _source_digest() -> str:
     runtime = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
-    for path in sorted([*(runtime / "model").glob("*.py"), *(runtime / "serving").glob("*.py")]):
+    for path in source_files():
         digest.update(str(path.relative_to(runtime)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

@@ -32,6 +32,26 @@ def test_targets_name_their_devices(name, backend, count, kind):
         assert target.chip.memory_bytes and target.chip.peak_bf16_flops and target.chip.memory_bandwidth
 
 
+def test_the_fingerprint_reads_the_programs_sources_not_admissions():
+    """Scheduling and admission (which never build a JAX program) can change without invalidating stored
+    executables; everything that does build one is in the fingerprint's source digest."""
+    import ast
+    from pathlib import Path
+
+    from runtime.serving import executables
+
+    serving = Path(executables.__file__).parent
+    read = {p.relative_to(serving.parent).as_posix() for p in executables.source_files()}
+    assert {"model/transformer.py", "model/attention.py", "serving/scorer.py", "serving/packing.py"} <= read
+    for path in sorted(serving.glob("*.py")):
+        if f"serving/{path.name}" in read:
+            continue
+        nodes = list(ast.walk(ast.parse(path.read_text())))
+        imported = {alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module for node in nodes if isinstance(node, ast.ImportFrom) and node.module}
+        assert not {name.split(".")[0] for name in imported} & {"jax", "flax"}, f"{path.name}: fingerprint it"
+
+
 @pytest.mark.parametrize("name", ["v100", "tpu-v5e:4", "h100:2x2", "l4:0"])
 def test_unknown_targets_and_counts_are_refused(name):
     with pytest.raises(TargetError):
