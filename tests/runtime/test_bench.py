@@ -16,9 +16,11 @@ KEYS = {"w1_32_vs_torch_float32", "w2_vs_torch_float32", "w2_vs_torch_float32_pr
         "w4_vs_torch_float32", "w5_sharing_vs_not", "w5_vs_torch_float32_prefix_cache"}
 
 
-def test_bench_smoke_prints_the_summary_line():
+def test_bench_smoke_prints_the_summary_line(tiny_llama_dir):
+    # Every workload's code path, on a tiny Llama with SmolLM2's tokenizer (the numbers are not the point here).
+    env = {**os.environ, "SCOREFN_DTYPE": "float32", "SCOREFN_MODEL": str(tiny_llama_dir)}
     result = subprocess.run([sys.executable, "-m", "runtime.tools.cli", "bench", "--smoke"], capture_output=True,
-                            text=True, timeout=600, env={**os.environ, "SCOREFN_DTYPE": "float32"})
+                            text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert KEYS <= summary.keys()
