@@ -46,26 +46,22 @@ def deviceless(tmp_path_factory) -> dict:
         (tmp / name / "config.json").write_text(json.dumps({**TINY, **overrides}))
     causal, classify = str(tmp / "causal"), str(tmp / "classify")
     families = {case: str(family_config(case, tmp / case)) for case in ("gemma2", "qwen3_moe_linear_rope")}
-    cases = [
-        {"name": "h100", "target": "h100", "config_dir": causal, "settings": BUCKETS, "start_side": True},
-        {"name": "h100_grid", "target": "h100", "config_dir": causal, "methods": sorted(GRID),
-         "settings": {**BUCKETS, "bucket_layout": "grid", "batch_buckets": [1], "suffix_length_buckets": [8],
-                      "suffix_batch_buckets": [4]}},
-        {"name": "h100_classify", "target": "h100", "config_dir": classify, "methods": ["class_logits"],
-         "settings": BUCKETS},
+    grid = {**BUCKETS, "bucket_layout": "grid", "batch_buckets": [1], "suffix_length_buckets": [8],
+            "suffix_batch_buckets": [4]}
+    cases = [case for name, target in (("h100", "h100"), ("tpu", "tpu-v5e")) for case in (
+        {"name": name, "target": target, "config_dir": causal, "settings": BUCKETS, "start_side": True},
+        {"name": f"{name}_grid", "target": target, "config_dir": causal, "methods": sorted(GRID), "settings": grid},
+        {"name": f"{name}_classify", "target": target, "config_dir": classify, "methods": ["class_logits"],
+         "settings": BUCKETS})]
+    cases += [
         {"name": "l4_small", "target": "l4", "config_dir": causal, "methods": ["hidden_packed"], "settings": BUCKETS,
          "memory_fraction": 1e-6},  # 24 kB usable: the bucket does not fit
         {"name": "h100x4", "target": "h100:4", "config_dir": causal, "settings": {**BUCKETS, "mesh": "4x1"},
          "methods": ["prefill_context", "hidden_packed", "hidden_packed_after_context"]},
-        {"name": "tpu", "target": "tpu-v5e", "config_dir": causal, "settings": BUCKETS, "start_side": True},
-        {"name": "tpu_grid", "target": "tpu-v5e", "config_dir": causal, "methods": sorted(GRID),
-         "settings": {**BUCKETS, "bucket_layout": "grid", "batch_buckets": [1], "suffix_length_buckets": [8],
-                      "suffix_batch_buckets": [4]}},
-        {"name": "tpu_classify", "target": "tpu-v5e", "config_dir": classify, "methods": ["class_logits"],
-         "settings": BUCKETS},
         # Soft-capped attention and per-layer windows (XLA on the GPU too); routed experts (top-k in every layer).
         *({"name": f"{target}_{case}", "target": target, "config_dir": config_dir, "settings": BUCKETS,
-           "methods": sorted(FAMILY_METHODS), "start_side": True} for target in ("h100", "tpu-v5e") for case, config_dir in families.items()),
+           "methods": sorted(FAMILY_METHODS), "start_side": True}
+          for target in ("h100", "tpu-v5e") for case, config_dir in families.items()),
     ]
     spec = {"xla_dir": str(tmp / "xla"), "cases": cases}
     done = subprocess.run([str(AOT_PYTHON), "-m", "tests.aot.aot_worker", json.dumps(spec)], cwd=REPO,
