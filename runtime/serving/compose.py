@@ -12,13 +12,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from runtime.model.config import ModelConfig
 from runtime.serving.buckets import BucketPlan
 from runtime.settings import Settings
+
+if TYPE_CHECKING:
+    from runtime.serving.executables import ExecutableStore
 
 log = logging.getLogger("scorefn.runtime")
 
@@ -33,9 +36,11 @@ def bucket_plan(settings: Settings, platform) -> BucketPlan:
 
 
 def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] | None = None, *,
-            devices: Sequence[Any] | None = None, lazy: bool = False, probe: bool = True):
+            devices: Sequence[Any] | None = None, lazy: bool = False, probe: bool = True, quiet: bool = False,
+            store: "ExecutableStore | None" = None):
     """(Scorer, Platform) for this model on these devices (default: this host's). `arrays` None: abstract
-    parameters, for compiling only. `probe`: run the cuDNN start-up probe (a real GPU only)."""
+    parameters, for compiling only. `probe`: run the cuDNN start-up probe (a real GPU only). `quiet`: no platform
+    log line (the start's second composition says it). `store`: default, the settings' executable store."""
     import jax
 
     from runtime.model.transformer import Llama
@@ -57,7 +62,8 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
     explicit = settings.attention == "cudnn"
     platform = platforms.fit_to_model(platform, cfg, plan.max_length, explicit, probe=probe and arrays is not None)
     platform = platforms.fit_to_layout(platform, layout, explicit)
-    log.info("platform %s", platform.describe())
+    if not quiet:
+        log.info("platform %s", platform.describe())
 
     def model() -> Llama:
         if arrays is not None:
@@ -69,7 +75,7 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
         shapes = {name: jax.ShapeDtypeStruct(shape, np.float32) for name, shape in array_shapes(cfg).items()}
         return nnx.eval_shape(lambda a: Llama(cfg, a, platform.dtype, platform.kernels, plan.max_length), shapes)
 
-    store = ExecutableStore(Path(settings.xla_cache_dir) / "executables")
+    store = store or ExecutableStore(Path(settings.xla_cache_dir) / "executables")
     if layout is None or arrays is None:  # one device (the unsharded runtime), or nothing to place
         built = model()
     else:
@@ -77,3 +83,25 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
             built = model()
     exe = Executables(built, shardings=layout, lazy=lazy, store=store, device=devices[0])
     return Scorer(built, plan, executables=exe), platform
+
+
+def load_stored(settings: Settings, cfg: ModelConfig, store: "ExecutableStore") -> tuple[str, dict[tuple, Any]]:
+    """(fingerprint, {(entry point, bucket): executable}) of what the executable store holds for this model's
+    start on this host, loaded from its config alone: a start deserializes them while its weights load (the
+    fingerprint needs parameter shapes, not values). Nothing (and no error) when the start would fail anyway;
+    it fails in the real composition, saying why. `store`: the one the start's scorer uses (a set that does not
+    load is then logged once)."""
+    import concurrent.futures
+    import os
+
+    try:
+        scorer, _ = compose(settings, cfg, probe=False, quiet=True, store=store)
+    except Exception as exc:  # e.g. a mesh that cannot be built: the start with the weights reports it
+        log.debug("stored executables not preloaded: %s", exc)
+        return "", {}
+    exe = scorer.exe
+    keys = [(method, key) for method, key, _ in scorer.work()]
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # deserializing releases the GIL
+        loaded = list(pool.map(lambda mk: exe.store.load(exe.fingerprint, *mk), keys))
+    return exe.fingerprint, {mk: compiled for mk, compiled in zip(keys, loaded) if compiled is not None}
+

@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,12 +37,12 @@ log = logging.getLogger("scorefn.runtime")
 _STOP = object()
 
 
-def build_scorer(settings: Settings, loaded, *, lazy: bool = False):
+def build_scorer(settings: Settings, loaded, *, lazy: bool = False, store=None):
     """The scorer of a loaded model on this host's devices (runtime.serving.compose, the path `scorefn compile`
     shares). `lazy`: compile buckets on first use (one-shot CLI runs, never serving)."""
     from runtime.serving.compose import compose
 
-    return compose(settings, loaded.cfg, loaded.arrays, lazy=lazy)
+    return compose(settings, loaded.cfg, loaded.arrays, lazy=lazy, store=store)
 
 
 class Engine:
@@ -79,17 +80,23 @@ class Engine:
         started = time.perf_counter()
         boot_seconds = time.monotonic() - PROCESS_STARTED  # interpreter, server and app imports
         from runtime.serving import executables  # JAX, Flax, transformers: the heavy imports
+        from runtime.model.config import load_config
         from runtime.model.loader import load_model, load_tokenizer, resolve_model_dir
+        from runtime.serving.compose import load_stored
 
         executables.enable_persistent_cache(self.settings.xla_cache_dir)
         import_seconds = time.perf_counter() - started
-        # The tokenizer (mostly importing transformers: Python, holding the GIL) loads beside the weights (mostly
-        # NumPy dequantizing or copying them, which releases it).
+        # Beside the weights (mostly NumPy dequantizing or copying them, which releases the GIL): the tokenizer
+        # (mostly importing transformers) and the stored executables (deserializing them, which releases it too),
+        # whose fingerprint needs the config only.
         model_dir, _ = resolve_model_dir(self.settings.model, self.settings.cache_dir)
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        store = executables.ExecutableStore(Path(self.settings.xla_cache_dir) / "executables")
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
             tokenizer = pool.submit(load_tokenizer, model_dir)
+            stored = pool.submit(load_stored, self.settings, load_config(model_dir), store)
             loaded = load_model(self.settings.model, self.settings.cache_dir, self.settings.model_id)
             self.tokenizer = tokenizer.result()
+            stored_fingerprint, stored_executables = stored.result()
         self.config, self.model_id = loaded.cfg, loaded.model_id
         self.vocab_size = loaded.cfg.logit_dim if loaded.cfg.task == "causal_lm" else loaded.cfg.vocab_size
         self.task = loaded.cfg.task
@@ -98,7 +105,8 @@ class Engine:
                                              self.settings.max_labels)
         self.rerankers = build_rerankers(self.settings.rerankers, loaded.cfg, self.model_id, self.tokenizer,
                                          self.settings.max_labels, tuple(c.name for c in self.classifiers))
-        self.scorer, self.platform = build_scorer(self.settings, loaded)
+        self.scorer, self.platform = build_scorer(self.settings, loaded, store=store)
+        preloaded = self.scorer.exe.adopt(stored_fingerprint, stored_executables)
         self.plan = self.scorer.plan
         self.rounds_in_flight = self.platform.rounds_in_flight
         load_seconds = time.perf_counter() - started - import_seconds
@@ -109,7 +117,7 @@ class Engine:
         after = executables.cache_events()
         self.timings = {"boot_s": boot_seconds, "import_s": import_seconds, "load_s": load_seconds,
                         "compile_s": time.perf_counter() - compile_started, "buckets": total,
-                        "stored": self.scorer.exe.loaded,
+                        "stored": self.scorer.exe.loaded, "preloaded": preloaded,
                         "cache_hits": after["hits"] - before["hits"],
                         "cache_misses": after["misses"] - before["misses"]}
         calibrate_started = time.perf_counter()

@@ -333,6 +333,18 @@ class Executables:
             self.loaded += 1
         return True
 
+    def adopt(self, fingerprint: str, compiled: dict[tuple, jax.stages.Compiled]) -> int:
+        """Take executables loaded from the store before this object existed (runtime.serving.compose.load_stored),
+        when they were loaded under this object's fingerprint; returns how many were taken."""
+        if self.compile_only or not fingerprint or fingerprint != self.fingerprint:
+            return 0
+        with self._lock:
+            new = {k: c for k, c in compiled.items() if k not in self._compiled}
+            self._compiled.update(new)
+            self.compiles += len(new)
+            self.loaded += len(new)
+        return len(new)
+
     def compile(self, method: str, key: tuple, *example_args: jax.ShapeDtypeStruct) -> float:
         """Compile `method` for the given argument shapes; return seconds taken."""
         started = time.perf_counter()

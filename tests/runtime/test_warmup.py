@@ -68,6 +68,8 @@ def test_second_warmup_loads_every_bucket_without_tracing(model_dir, cache_dir, 
     second.start()
     try:
         assert second.timings["stored"] == second.plan.count()  # loaded from the store: nothing traced
+        # ... and all of them while the weights loaded (from the config's fingerprint), not after
+        assert second.timings["preloaded"] == second.plan.count()
         assert second.timings["cache_misses"] == 0 and second.timings["cache_hits"] == 0
         assert executables.cache_events()["backend_compiles"] == compiled_before  # and nothing compiled
         sequences = [[5, 6, 7], [8, 9]]
@@ -87,6 +89,7 @@ def test_a_changed_model_setting_misses_the_store(model_dir, cache_dir, tmp_path
         engine.start()
         engine.stop(5)
         assert engine.timings["stored"] == (engine.plan.count() if stored is None else stored)
+        assert engine.timings["preloaded"] == engine.timings["stored"]  # another dtype's set is not taken
 
 
 def test_executables_from_the_persistent_cache_are_not_stored(model_dir, cache_dir, tmp_path):
