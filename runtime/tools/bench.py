@@ -1,6 +1,6 @@
 """`scorefn bench`: scorefn against what a user would otherwise write, on this machine, same weights, same run.
 
-Model: the embedded SmolLM2-135M-Instruct on a CPU; on an accelerator (or with --model-config) seeded random
+Model: SCOREFN_MODEL (default: the embedded SmolLM2-135M-Instruct) on a CPU; on an accelerator (or with --model-config) seeded random
 weights from a config.json, Qwen3-0.6B-shaped by default (runtime/model/configs/qwen3-0.6b.json). Token IDs are
 generated (seeded), so no tokenizer, GGUF file or model hub is needed: the runtime's dependencies plus PyTorch.
 Baselines (runtime.tools.baselines, on CUDA when PyTorch sees a GPU): transformers scoring full sequences, and
@@ -298,14 +298,14 @@ def main(args: argparse.Namespace) -> int:
         from runtime.tools.baselines import random_checkpoint
         model_dir = random_checkpoint(config, Path(tmp.name))
     else:
-        model_dir, _ = resolve_model_dir("", settings.cache_dir)
+        model_dir, _ = resolve_model_dir(settings.model, settings.cache_dir)  # SCOREFN_MODEL, else the embedded one
     loaded = load_model(str(model_dir), settings.cache_dir)
     scorer, platform = build_scorer(settings, loaded, lazy=True)
     cfg, vocab = loaded.cfg, loaded.cfg.vocab_size
     peak, peak_dtype = matmul_peak(accelerator)
     report: dict = {"backend": backend, "platform": platform.describe(), "cpus": os.cpu_count(),
                     "model": f"{cfg.architecture} {cfg.num_layers}L d{cfg.hidden_size}"
-                             + (" (random weights)" if config else " (embedded SmolLM2-135M-Instruct)"),
+                             + (" (random weights)" if config else f" ({loaded.model_id})"),
                     "matmul_peak_gflops": peak, "matmul_peak_dtype": peak_dtype}
     print(f"model: {report['model']}; platform {report['platform']}; {peak_dtype} matmul peak {peak:.0f} GFLOP/s",
           flush=True)
