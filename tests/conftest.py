@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,16 @@ def torch_label_logprobs(model, sequences, labels):
     import numpy as np
 
     return np.stack(rows)
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The top-level packages a Python file imports (absolute imports, at any depth in the file), less the
+    standard library's."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+    return names - set(sys.stdlib_module_names)
+

@@ -10,9 +10,10 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import re
-import sys
 import tomllib
 from pathlib import Path
+
+from tests.conftest import top_level_imports
 
 REPO = Path(__file__).resolve().parent.parent
 SERVED = ("handler", "runtime")
@@ -29,16 +30,6 @@ def _declared() -> set[str]:
     return {_normalized(re.split(r"[<>=!~;\[ ]", spec, maxsplit=1)[0]) for spec in project["dependencies"]}
 
 
-def _imported_top_level(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names |= {alias.name.partition(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.partition(".")[0])
-    return names - set(sys.stdlib_module_names) - set(SERVED) - {"__future__"}
-
-
 def test_every_served_import_is_a_main_dependency():
     declared = _declared()
     distributions = importlib.metadata.packages_distributions()
@@ -46,7 +37,7 @@ def test_every_served_import_is_a_main_dependency():
     for package in SERVED:
         for path in sorted((REPO / package).rglob("*.py")):
             where = str(path.relative_to(REPO))
-            for module in sorted(_imported_top_level(path) - DEV_ONLY.get(where, set())):
+            for module in sorted(top_level_imports(path) - set(SERVED) - {"__future__"} - DEV_ONLY.get(where, set())):
                 owners = {_normalized(d) for d in distributions.get(module, [module])}
                 if not owners & declared:
                     missing.append(f"{where} imports {module} ({', '.join(sorted(owners))})")

@@ -6,15 +6,15 @@ environments disagree on a version, or when the serve lock leaves out a package 
 
 from __future__ import annotations
 
-import ast
 import re
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from tests.conftest import top_level_imports
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK = REPO / "lock"
@@ -122,16 +122,6 @@ def test_the_deviceless_compile_venv_has_the_images_accelerator_builds() -> None
     assert {"libtpu", "nvidia-cuda-nvcc-cu12", "nvidia-cudnn-cu12"} <= set(aot)
 
 
-def _top_level_imports(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names |= {alias.name.partition(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.partition(".")[0])
-    return names - set(sys.stdlib_module_names)
-
-
 def test_the_served_code_never_imports_a_package_left_out_of_the_serve_lock() -> None:
     """lock/not-served.txt drops packages from the image; the served code must not import one (what dependencies
     import lazily, the serve-only check and `make image-check` prove by running the real thing)."""
@@ -141,7 +131,7 @@ def test_the_served_code_never_imports_a_package_left_out_of_the_serve_lock() ->
     dropped = not_served()
     wrong = []
     for path in sorted([*(REPO / "handler").rglob("*.py"), *(REPO / "runtime").rglob("*.py")]):
-        for module in _top_level_imports(path):
+        for module in top_level_imports(path):
             owners = {canonicalize_name(d) for d in distributions.get(module, [module])}
             if owners & dropped:
                 wrong.append(f"{path.relative_to(REPO)} imports {module}")

@@ -14,6 +14,7 @@ from runtime.serving.engine import Engine
 from runtime.serving.targets import TargetError, parse_target
 from runtime.settings import load_settings
 from runtime.tools.compile import compile_target
+from tests.conftest import top_level_imports
 
 pytestmark = pytest.mark.slow
 # Three executables of the embedded model: one full bucket, its label head, one completion bucket.
@@ -35,7 +36,6 @@ def test_targets_name_their_devices(name, backend, count, kind):
 def test_the_fingerprint_reads_the_programs_sources_not_admissions():
     """Scheduling and admission (which never build a JAX program) can change without invalidating stored
     executables; everything that does build one is in the fingerprint's source digest."""
-    import ast
     from pathlib import Path
 
     from runtime.serving import executables
@@ -46,10 +46,7 @@ def test_the_fingerprint_reads_the_programs_sources_not_admissions():
     for path in sorted(serving.glob("*.py")):
         if f"serving/{path.name}" in read:
             continue
-        nodes = list(ast.walk(ast.parse(path.read_text())))
-        imported = {alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names}
-        imported |= {node.module for node in nodes if isinstance(node, ast.ImportFrom) and node.module}
-        assert not {name.split(".")[0] for name in imported} & {"jax", "flax"}, f"{path.name}: fingerprint it"
+        assert not top_level_imports(path) & {"jax", "flax"}, f"{path.name} builds programs: fingerprint it"
 
 
 @pytest.mark.parametrize("name", ["v100", "tpu-v5e:4", "h100:2x2", "l4:0"])
