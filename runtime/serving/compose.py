@@ -35,6 +35,13 @@ def bucket_plan(settings: Settings, platform) -> BucketPlan:
         completion_batches=platform.completion_batch_buckets, packing=platform.packing)
 
 
+def executable_store(settings: Settings) -> "ExecutableStore":
+    """The executable store of these settings (under the compile cache): what a start loads and a compile fills."""
+    from runtime.serving.executables import ExecutableStore
+
+    return ExecutableStore(Path(settings.xla_cache_dir) / "executables")
+
+
 def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] | None = None, *,
             devices: Sequence[Any] | None = None, lazy: bool = False, probe: bool = True, quiet: bool = False,
             store: "ExecutableStore | None" = None):
@@ -45,7 +52,7 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
 
     from runtime.model.transformer import Llama
     from runtime.serving import platform as platforms
-    from runtime.serving.executables import Executables, ExecutableStore
+    from runtime.serving.executables import Executables
     from runtime.serving.scorer import Scorer
     from runtime.serving.sharding import build_layout, parse_mesh
 
@@ -75,7 +82,7 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
         shapes = {name: jax.ShapeDtypeStruct(shape, np.float32) for name, shape in array_shapes(cfg).items()}
         return nnx.eval_shape(lambda a: Llama(cfg, a, platform.dtype, platform.kernels, plan.max_length), shapes)
 
-    store = store or ExecutableStore(Path(settings.xla_cache_dir) / "executables")
+    store = store or executable_store(settings)
     if layout is None or arrays is None:  # one device (the unsharded runtime), or nothing to place
         built = model()
     else:

@@ -13,7 +13,6 @@ import logging
 import queue
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -82,7 +81,7 @@ class Engine:
         from runtime.serving import executables  # JAX, Flax, transformers: the heavy imports
         from runtime.model.config import load_config
         from runtime.model.loader import load_model, load_tokenizer, resolve_model_dir
-        from runtime.serving.compose import load_stored
+        from runtime.serving.compose import executable_store, load_stored
 
         executables.enable_persistent_cache(self.settings.xla_cache_dir)
         import_seconds = time.perf_counter() - started
@@ -90,7 +89,7 @@ class Engine:
         # (mostly importing transformers) and the stored executables (deserializing them, which releases it too),
         # whose fingerprint needs the config only.
         model_dir, _ = resolve_model_dir(self.settings.model, self.settings.cache_dir)
-        store = executables.ExecutableStore(Path(self.settings.xla_cache_dir) / "executables")
+        store = executable_store(self.settings)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             tokenizer = pool.submit(load_tokenizer, model_dir)
             stored = pool.submit(load_stored, self.settings, load_config(model_dir), store)

@@ -229,12 +229,13 @@ class Scorer:
         for kind, chunks, batches in (
                 ("full", p.split_full(sorted(full_rows, reverse=True)), p.batches),
                 ("completion", p.split_completions(sorted(token_rows, reverse=True)), p.completion_batches)):
-            if marginal and p.packing and kind == "full":  # a pack's share of the largest row bucket at its width
-                work += Work.shared(kind, chunks, p.packing.full_rows)
-            elif marginal:
-                work += Work.shared(kind, chunks, lambda length: p.batch_for(length, batches))
-            else:
+            if not marginal:
                 work += Work.of(kind, chunks)
+                continue
+            # A chunk's share of the largest device batch at its length (packed: of the most rows at its width).
+            full_batch = p.packing.full_rows if p.packing and kind == "full" else (
+                lambda length, batches=batches: p.batch_for(length, batches))
+            work += Work.shared(kind, chunks, full_batch)
         return work
 
     def collect(self, round: Round) -> list:
