@@ -23,7 +23,7 @@ from handler.classify import CLASSIFY, model_cards
 from handler.completions import COMPLETIONS
 from handler.errors import ApiError, internal_error
 from handler.http import (HttpRequest, HttpResponse, Job, PendingScore, Scoring, error_response, json_response,
-                          request_id_of, seconds)
+                          predicted_headers, request_id_of, seconds)
 from handler.logs import log_access
 from handler.metrics import Metrics
 from handler.rerank import RERANK, reranker_cards
@@ -230,9 +230,10 @@ class ScoringCore:
         if isinstance(exc, ApiError):
             return exc
         if isinstance(exc, QueueFull):
-            seconds = exc.retry_after_s
-            return ApiError("rate_limit_exceeded", f"The server is at capacity: {exc}. Please retry after {seconds} "
-                            f"second{'' if seconds == 1 else 's'}.", headers=(("retry-after", str(seconds)),))
+            wait = exc.retry_after_s
+            return ApiError("rate_limit_exceeded", f"The server is at capacity: {exc}. Please retry after {wait} "
+                            f"second{'' if wait == 1 else 's'}.",
+                            headers=(("retry-after", str(wait)), *predicted_headers(exc.predicted)))
         if isinstance(exc, DeadlineExceeded):
             return ApiError("request_timeout", f"The request waited more than {self.settings.request_timeout_s:g} s "
                             "for the device and was dropped without being scored. Please retry.")
@@ -250,7 +251,7 @@ class ScoringCore:
         if endpoint is not None and endpoint.scoring is not None:  # timing headers, in seconds (handler.http)
             if result is not None:
                 headers += [("x-queue-time", seconds(result.queue_seconds)),
-                            ("x-device-time", seconds(result.device_seconds))]
+                            ("x-device-time", seconds(result.device_seconds)), *predicted_headers(result.predicted)]
             headers.append(("x-total-time", seconds(total)))
         self.metrics.observe_request(path if endpoint else "unmatched", response.status, total)
         log_access(request_id=request_id, method=request.method[:16], path=path, status=response.status,

@@ -13,7 +13,7 @@ import msgspec
 
 from handler.errors import ApiError
 from handler.schemas import ENCODER, ErrorBody, ErrorEnvelope
-from runtime.interface import ScoringEngine
+from runtime.interface import Prediction, ScoringEngine
 from runtime.settings import Settings
 
 JSON = "application/json"
@@ -95,3 +95,11 @@ def request_id_of(request: HttpRequest) -> str:
 def seconds(value: float) -> str:
     """Timing header value: seconds as a plain decimal string, microsecond resolution."""
     return f"{max(value, 0.0):.6f}"
+
+
+def predicted_headers(predicted: Prediction | None) -> list[tuple[str, str]]:
+    """What admission predicted, beside the measured x-queue-time and x-device-time (on a 429 too)."""
+    if predicted is None:
+        return []
+    return [("x-predicted-queue-time", seconds(predicted.queue_seconds)),
+            ("x-predicted-device-time", seconds(predicted.device_seconds))]

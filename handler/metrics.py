@@ -25,19 +25,24 @@ _ENGINE_COUNTERS = {
     "device_batch_sequences": "Sequences computed in device batches (divide by device_batches for the mean batch size).",
 }
 _ENGINE_COUNTERS.update({
+    "device_rounds": "Device rounds run (each computes the slices of the requests it holds).",
+    "round_sequences": "Sequences computed in device rounds.",
+    "device_seconds": "Seconds the device spent on rounds (their rate is the device's utilization).",
     "admitted": "Requests the engine admitted (queued for the device).",
-    "refused_wait": "Requests refused (429) because their predicted wait was over SCOREFN_MAX_WAIT_S.",
+    "refused_wait": "Small requests refused (429) because they would not be answered within SCOREFN_MAX_WAIT_S.",
+    "refused_deadline": "Requests refused (429) because they would not start before their deadline "
+                        "(SCOREFN_REQUEST_TIMEOUT_S).",
+    "refused_overload": "Requests refused (429) because the instance was overloaded and its backlog over its limit.",
     "refused_queue": "Requests refused (429) because SCOREFN_MAX_QUEUE requests were waiting.",
 })
 _ENGINE_GAUGES = {
     "queue_depth": "Requests waiting for the device, whole or in part.",
-    "predicted_wait_seconds": "Predicted wait for the device of a new one-item request: the rounds in flight and a "
-                              "round-robin share of the queued work (the autoscaling signal).",
+    "predicted_wait_seconds": "Predicted wait for the device of a new one-item request: the rounds in flight and "
+                              "the shorter work queued.",
     "backlog_seconds": "Predicted device seconds of all admitted work not yet done.",
-    "max_wait_seconds": "SCOREFN_MAX_WAIT_S: requests predicted to wait longer are refused.",
-    "packing": "Planned device seconds of a round over the sum of its requests' own estimates (rows padded "
-               "together, batches not full): the largest of the last 8 rounds.",
-    "overrun": "Device seconds of a round over its prediction: the largest of the last 8 rounds (at least 1).",
+    "load": "Device seconds of work asked for per second over the last 30 s, refused work included (1: as much as "
+            "the instance computes; above 1 it is overloaded): the autoscaling signal.",
+    "max_wait_seconds": "SCOREFN_MAX_WAIT_S: a small request that would not be answered within it is refused.",
     "service_seconds_per_batch": "Estimated fixed device seconds of one device batch (from the rounds run).",
     "service_tokens_per_second": "Estimated device throughput in padded tokens per second, by bucket kind "
                                  "(full, context, continuation, completion), once batches are large.",

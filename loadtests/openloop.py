@@ -3,15 +3,21 @@
 Run through `python -m loadtests.run --open-loop MULTIPLE` (loadtests/overload.py), which starts the server, sets
 OPENLOOP_PLAN (JSON) and judges the records this file writes to OPENLOOP_RECORDS. One locust user drives it all:
 
-1. calibrate: `clients` closed-loop clients send the mix back to back; answered requests per second = the rate R.
+1. calibrate: `clients` closed-loop clients send the mix back to back. The rate R is the server's capacity for the
+   mix: mix requests answered per second of device time (the server's scorefn_engine_device_seconds_total over the
+   phase), the rate of a device kept busy; the clients' own rate (answered per second of the phase) and the rate the
+   server's service model predicts (x-predicted-device-time) are reported beside it. (`rate` in the plan skips it.)
 2. baseline: Poisson arrivals at `baseline` x R (normal latency);
 3. overload: `multiple` x R for `overload_s` seconds;
-4. recovery: `baseline` x R again, for `recovery_s` seconds.
+4. recovery: `recovery` (default: `baseline`) x R, for `recovery_s` seconds.
+Between the calibration and the baseline the server is left to finish its work (polling its backlog on /metrics).
 
 Open loop: an arrival is sent at its time whether or not earlier ones were answered, as independent clients do;
 a closed loop would slow down with the server and hide its overload. The mix, by weight: one-item /v1/score 10,
-32-item /v1/score 2, /v1/rerank 2, /v1/completions 2. Beside it, from the start, one bulk client sends
-`bulk_items`-item /v1/score requests one after another (after a 429 it waits its Retry-After): the fairness case.
+32-item /v1/score 2, /v1/rerank 2, /v1/completions 2. Beside it, from the end of the calibration, one bulk client
+sends `bulk_items`-item /v1/score requests one after another (after a 429 it waits its Retry-After): the fairness
+case. Every answer's x-predicted-queue-time and x-predicted-device-time (what admission predicted, on a 429 too) are
+recorded beside the measured x-queue-time and x-device-time.
 Every answer must be a checked 200 or a 429 `rate_limit_exceeded` with an integer Retry-After >= 1; anything else
 is a failure in locust's statistics and in the records.
 """
@@ -92,6 +98,8 @@ class OpenLoop(FastHttpUser):
             record["status"] = status = response.status_code or 0
             problem = None
             try:
+                record.update(predicted_queue=float(response.headers.get("x-predicted-queue-time", "nan")),
+                              predicted_device=float(response.headers.get("x-predicted-device-time", "nan")))
                 if status == 200:
                     answered = rows_of(path, response.json())
                     problem = None if answered == rows else f"{answered} rows for {rows}"
@@ -145,23 +153,54 @@ class OpenLoop(FastHttpUser):
             group.spawn(self.one)
         gevent.sleep(max(0.0, start + seconds - time.monotonic()))
 
-    @task
-    def run_plan(self) -> None:
-        group = gevent.pool.Group()
-        bulk = gevent.spawn(self.bulk_client) if PLAN.get("bulk_items") else None
+    def metric(self, name: str) -> float:
+        """One of the server's /metrics samples, e.g. scorefn_engine_device_seconds_total."""
+        with self.client.get("/metrics", name="metrics", catch_response=True) as response:
+            response.success()
+            for line in (response.text or "").splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        raise RuntimeError(f"the server exports no {name}")
+
+    def drain(self, timeout: float) -> None:
+        """Wait (polling /metrics) until the server has no work left, so the next phase starts from an idle server."""
+        until = time.monotonic() + timeout
+        while self.metric("scorefn_engine_backlog_seconds") > 0 and time.monotonic() < until:
+            gevent.sleep(0.1)
+
+    def calibrate(self, group: gevent.pool.Group) -> dict[str, float]:
+        """Closed-loop clients for calibrate_s; the server's rate (mix requests per device second), the clients' rate
+        and the service model's."""
         calibrate_s = PLAN["calibrate_s"]
-        until = time.monotonic() + calibrate_s
+        before, started = self.metric("scorefn_engine_device_seconds_total"), time.monotonic()
+        until = started + calibrate_s
         for _ in range(PLAN["clients"]):
             group.spawn(self.closed_loop_client, until)
         group.join()
-        # Answered non-bulk requests per second over the calibration, the first second left out (a ramp).
-        answered = [r for r in self.records if r["phase"] == "calibrate" and r["scenario"] != "bulk"
-                    and r["status"] == 200 and r["sent"] + r["latency"] > 1.0]
-        rate = max(len(answered) / max(calibrate_s - 1.0, 1e-3), 0.1)
+        device_s = self.metric("scorefn_engine_device_seconds_total") - before
+        elapsed = time.monotonic() - started
+        answered = [r for r in self.records if r["phase"] == "calibrate" and r["status"] == 200]
+        per_kind: dict[str, list[float]] = {}
+        for r in answered:
+            per_kind.setdefault(r["scenario"], []).append(r["predicted_device"])
+        names = [name for name, *_ in scenarios(random.Random(0), PLAN["query_words"])]
+        means = [sum(per_kind[name]) / len(per_kind[name]) for name in names if per_kind.get(name)]
+        weights = [w for name, w in zip(names, WEIGHTS) if per_kind.get(name)]
+        model = sum(weights) / sum(w * m for w, m in zip(weights, means)) if means and len(means) == len(names) else 0.0
+        return {"server": len(answered) / max(device_s, 1e-3), "clients": len(answered) / elapsed, "model": model,
+                "device_utilization": device_s / elapsed}
+
+    @task
+    def run_plan(self) -> None:
+        group = gevent.pool.Group()
+        rates = {"server": PLAN["rate"]} if PLAN.get("rate") else self.calibrate(group)
+        rate = max(rates["server"], 0.1)
+        bounds = {"calibrate": [0.0, round(time.monotonic() - self.t0, 3)]}
+        self.drain(PLAN.get("drain_s", 120))
+        bulk = gevent.spawn(self.bulk_client) if PLAN.get("bulk_items") else None
         phases = [("baseline", PLAN["baseline"], PLAN["baseline_s"]),
                   ("overload", PLAN["multiple"], PLAN["overload_s"]),
-                  ("recovery", PLAN["baseline"], PLAN["recovery_s"])]
-        bounds = {"calibrate": [0.0, round(time.monotonic() - self.t0, 3)]}
+                  ("recovery", PLAN.get("recovery", PLAN["baseline"]), PLAN["recovery_s"])]
         for phase, multiple, seconds in phases:
             if seconds <= 0:
                 continue
@@ -175,6 +214,6 @@ class OpenLoop(FastHttpUser):
             bulk.join(timeout=PLAN.get("drain_s", 120))
         if RECORDS_PATH:
             with open(RECORDS_PATH, "w") as out:
-                json.dump({"rate": rate, "phases": bounds, "plan": PLAN, "records": self.records}, out)
+                json.dump({"rate": rate, "rates": rates, "phases": bounds, "plan": PLAN, "records": self.records}, out)
         gevent.spawn(self.environment.runner.quit)
         gevent.sleep(math.inf)  # the runner stops this user

@@ -50,10 +50,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     open_loop.add_argument("--open-loop", type=float, metavar="MULTIPLE",
                            help="Poisson arrivals at MULTIPLE x the rate measured by the calibration phase")
     open_loop.add_argument("--clients", type=int, default=8, help="closed-loop clients of the calibration phase")
-    open_loop.add_argument("--calibrate-s", type=float, default=10.0, help="seconds of calibration")
-    open_loop.add_argument("--baseline", type=float, default=0.5, help="multiple of the rate before and after")
+    open_loop.add_argument("--calibrate-s", type=float, default=10.0,
+                           help="seconds of calibration (closed-loop clients keep the device busy: its capacity)")
+    open_loop.add_argument("--rate", type=float, help="requests of the mix per second to take as the capacity "
+                           "(no calibration)")
+    open_loop.add_argument("--baseline", type=float, default=0.5, help="multiple of the rate before the overload")
     open_loop.add_argument("--baseline-s", type=float, default=15.0, help="seconds at --baseline before the overload")
-    open_loop.add_argument("--recovery-s", type=float, default=30.0, help="seconds at --baseline after the overload")
+    open_loop.add_argument("--recovery", type=float, help="multiple of the rate after the overload (default: --baseline)")
+    open_loop.add_argument("--recovery-s", type=float, default=30.0, help="seconds at --recovery after the overload")
     open_loop.add_argument("--recover-within-s", type=float, default=10.0,
                            help="latency must be normal again this long after the overload ends")
     open_loop.add_argument("--bulk-items", type=int, default=1024,

@@ -18,10 +18,19 @@ from runtime.tasks.rerankers import Reranker
 
 
 @dataclasses.dataclass(frozen=True)
+class Prediction:
+    """What admission predicted for a request, to set beside what happened: its wait for the device and its own
+    device seconds (as on a busy device)."""
+    queue_seconds: float
+    device_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
 class ScoreResult:
     logprobs: np.ndarray  # [n_sequences, n_labels] float32: log P(label | sequence) over the full vocabulary
     queue_seconds: float  # submitted -> picked up by the device thread
     device_seconds: float  # time of the device batch(es) that computed it
+    predicted: Prediction | None = None
 
 
 MAX_TOP_LOGPROBS = 20  # the most alternatives per position one can ask for (OpenAI's limit); always computed
@@ -50,6 +59,7 @@ class TokenLogprobsResult:
     sequences: list[TokenLogprobs]  # in the order submitted
     queue_seconds: float
     device_seconds: float
+    predicted: Prediction | None = None
 
 
 class EngineError(Exception):
@@ -57,13 +67,17 @@ class EngineError(Exception):
 
 
 class QueueFull(EngineError):
-    """The engine takes no more work for now (-> 429 with Retry-After): the request's predicted wait for the device
-    is over SCOREFN_MAX_WAIT_S, or SCOREFN_MAX_QUEUE requests are waiting. `retry_after_s`: whole seconds until the
-    work ahead is predicted to have drained enough (at least 1)."""
+    """The engine takes no more work for now (-> 429 with Retry-After): the request cannot be answered in time, the
+    instance is overloaded, or SCOREFN_MAX_QUEUE requests are waiting (runtime.serving.scheduler). `retry_after_s`:
+    whole seconds until the work ahead is predicted to have drained enough (at least 1); `reason`: wait, deadline,
+    overload or queue; `predicted`: what admission predicted for it."""
 
-    def __init__(self, message: str = "the queue is full", retry_after_s: float = 1) -> None:
+    def __init__(self, message: str = "the queue is full", retry_after_s: float = 1, reason: str = "queue",
+                 predicted: Prediction | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = max(1, math.ceil(retry_after_s))
+        self.reason = reason
+        self.predicted = predicted
 
 
 class DeadlineExceeded(EngineError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,6 +42,10 @@ class BucketPlan:
     # Accelerators: sequences packed into rows (runtime.serving.packing) instead of the (batch, length) grids of
     # batches, suffix_lengths and suffix_batches; None: the grid (CPU).
     packing: "Packing | None" = None
+    # What one more device batch costs, in padded tokens (its fixed price against a token's: launches, the weights
+    # streamed once); the grid splits rows into batches that pad and launch least. The engine sets it from the
+    # calibrated service model (runtime.serving.cost).
+    batch_overhead_tokens: float = 32.0
 
     @property
     def max_length(self) -> int:
@@ -109,11 +114,17 @@ class BucketPlan:
         chunks, start = [], 0
         while start < len(lengths):
             length = fit(length_buckets, lengths[start])
-            rows = min(self.batch_for(length, batch_buckets), len(lengths) - start)
+            largest = self.batch_for(length, batch_buckets)
+            rows = min(largest, len(lengths) - start)
             batch = fit(batch_buckets, rows)
-            if self.packing and rows < self.packing.fill * batch and rows >= batch_buckets[0]:
-                # accelerators: several bucket-sized batches rather than one mostly padded (few, large buckets)
-                batch = rows = max(b for b in batch_buckets if b <= rows)
+            if self.packing:
+                if rows < self.packing.fill * batch and rows >= batch_buckets[0]:
+                    # accelerators: several bucket-sized batches rather than one mostly padded (few, large buckets)
+                    batch = rows = max(b for b in batch_buckets if b <= rows)
+            else:
+                usable = tuple(b for b in batch_buckets if b <= largest) or batch_buckets[:1]
+                batch = _next_batch(rows, length, usable, self.batch_overhead_tokens)
+                rows = min(rows, batch)
             chunks.append(Chunk(start, rows, batch, length))
             start += rows
         return chunks
@@ -130,6 +141,24 @@ class BucketPlan:
     def count(self) -> int:
         return (len(self.full()) + len(self.contexts()) + len(self.continuations()) + len(self.heads())
                 + len(self.completions()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _next_batch(rows: int, length: int, buckets: tuple[int, ...], overhead: float) -> int:
+    """The batch bucket of the next device batch of `rows` rows (at most the largest bucket): one batch padded up to
+    hold them all, or a smaller full one with the rest in further batches, whichever costs fewer padded tokens plus
+    `overhead` tokens a batch (5 rows in buckets 1, 4, 16: 4 + 1, not one batch of 16)."""
+    @functools.cache
+    def cost(r: int) -> float:  # the least padded tokens + overheads of r rows
+        if r == 0:
+            return 0.0
+        return min([overhead + fit(buckets, r) * length,
+                    *(overhead + b * length + cost(r - b) for b in buckets if b < r)])
+    up = fit(buckets, rows)
+    best = min((b for b in buckets if b < rows), key=lambda b: (cost(rows - b) + b * length, -b), default=None)
+    if best is None or overhead + up * length <= overhead + best * length + cost(rows - best):
+        return up
+    return best
 
 
 @dataclasses.dataclass(frozen=True)

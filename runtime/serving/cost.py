@@ -18,6 +18,10 @@ import math
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from runtime.interface import Sampling
+from runtime.serving.buckets import BucketPlan, fit
+from runtime.serving.jobs import Job, TokenJob, shared_prefix_length
+
 if TYPE_CHECKING:
     from runtime.serving.buckets import Chunk
     from runtime.serving.scorer import Scorer
@@ -65,6 +69,34 @@ class Work:
         return self.full + self.context + self.continuation + self.completion
 
 
+def plan_work(plan: BucketPlan, jobs: Sequence[Job | TokenJob], rope_length_limit: int | None = None,
+              marginal: bool = False) -> Work:
+    """The device work the scorer plans for these requests: device batches and padded tokens per kind (admission and
+    the service-time estimate count in it). `marginal`: rows that share device batches with other requests' rows
+    (full, completion) pay their share of a full batch, as on a busy device, not a batch of their own."""
+    work, full_rows, token_rows = Work(), [], []
+    for job in jobs:
+        if isinstance(job, TokenJob):
+            token_rows += map(len, job.sequences)
+        elif shared := shared_prefix_length(plan, job.sequences, rope_length_limit):
+            rests = sorted((len(seq) - shared for seq in job.sequences), reverse=True)
+            work += Work(batches=1, context=fit(plan.contexts(), shared))
+            work += Work.of("continuation", plan.split_suffixes(rests))
+        else:
+            full_rows += map(len, job.sequences)
+    for kind, chunks, batches in (
+            ("full", plan.split_full(sorted(full_rows, reverse=True)), plan.batches),
+            ("completion", plan.split_completions(sorted(token_rows, reverse=True)), plan.completion_batches)):
+        if not marginal:
+            work += Work.of(kind, chunks)
+            continue
+        # A chunk's share of the largest device batch at its length (packed: of the most rows at its width).
+        full_batch = plan.packing.full_rows if plan.packing and kind == "full" else (
+            lambda length, batches=batches: plan.batch_for(length, batches))
+        work += Work.shared(kind, chunks, full_batch)
+    return work
+
+
 class ServiceModel:
     """Predicted device seconds of Work; corrected after each round (thread-safe: parameters are swapped whole)."""
 
@@ -106,6 +138,12 @@ class ServiceModel:
         """Marginal throughput per kind: padded tokens per second once batches are large."""
         return {kind: 1.0 / p for kind, p in zip(KINDS, self._params[1:])}
 
+    def fit_plan(self, plan: "BucketPlan") -> "BucketPlan":
+        """The plan with this device's price of a device batch in padded tokens (what the grid weighs against padding
+        when it splits rows into batches); unchanged when the timings could not tell the two prices apart."""
+        overhead = self.per_batch * self.tokens_per_second()["full"]
+        return dataclasses.replace(plan, batch_overhead_tokens=overhead) if 1 <= overhead <= 65536 else plan
+
     def describe(self) -> str:
         rates = ", ".join(f"{kind} {rate:,.0f}" for kind, rate in self.tokens_per_second().items())
         return f"{self.per_batch * 1000:.1f} ms per device batch; padded tokens/s: {rates}"
@@ -122,9 +160,6 @@ def calibrate(scorer: "Scorer", grow_until: float = 2.0, step_cap_s: float = 0.3
     measured) and are told apart by the rounds that run them. On the development CPU three or four runs, 0.4-0.7 s;
     on an accelerator each run takes milliseconds.
     """
-    from runtime.interface import Sampling
-    from runtime.serving.scorer import Job, TokenJob
-
     plan = scorer.plan
 
     def timed(job) -> tuple[Work, float]:

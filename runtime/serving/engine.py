@@ -13,23 +13,20 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runtime.interface import EngineFault, ScoreResult, ShuttingDown, TokenLogprobsResult
+from runtime.interface import EngineFault, Prediction, ScoreResult, ShuttingDown, TokenLogprobsResult
 from runtime.serving.buckets import BucketPlan
 from runtime.serving.compose import bucket_plan  # noqa: F401 (tests build plans the engine's way)
 from runtime.serving.cost import ServiceModel, calibrate
+from runtime.serving.jobs import Job, TokenJob
 from runtime.serving.scheduler import Scheduler
 from runtime.serving.slices import Entry, Round
 from runtime.tasks.classifiers import Classifier, build_classifiers
 from runtime.model.loader import default_model_id
 from runtime.tasks.rerankers import Reranker, build_rerankers
 from runtime.settings import Settings, load_settings
-
-if TYPE_CHECKING:
-    from runtime.serving.scorer import Job, TokenJob
 
 log = logging.getLogger("scorefn.runtime")
 
@@ -64,7 +61,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stopping = False
-        self._counters = {"device_rounds": 0, "round_sequences": 0}
+        self._counters = {"device_rounds": 0, "round_sequences": 0, "device_seconds": 0.0}
         self.rounds_in_flight = 1  # the platform's, once started
 
     # ---- life cycle -------------------------------------------------------------------------------------
@@ -121,6 +118,7 @@ class Engine:
                         "cache_misses": after["misses"] - before["misses"]}
         calibrate_started = time.perf_counter()
         service = calibrate(self.scorer)  # a few buckets run once: the first requests are judged by real timings
+        self.scorer.plan = self.plan = service.fit_plan(self.plan)
         self.timings["calibrate_s"] = time.perf_counter() - calibrate_started
         log.info("warm-up done: %d buckets in %.1f s (%d loaded from the executable store; persistent cache: "
                  "%d hits, %d misses); service time %s (timed in %.2f s)", total, self.timings["compile_s"],
@@ -173,14 +171,10 @@ class Engine:
 
     def submit(self, sequences, label_ids, deadline: float | None = None,
                request_id: str | None = None) -> concurrent.futures.Future:
-        from runtime.serving.scorer import Job
-
         return self._enqueue(Job(sequences, label_ids), deadline, request_id)
 
     def submit_logprobs(self, sequences, sampling, deadline: float | None = None,
                         request_id: str | None = None) -> concurrent.futures.Future:
-        from runtime.serving.scorer import TokenJob
-
         if self.task != "causal_lm":
             raise ValueError(f"{self.model_id} is a {self.task} model: it has no per-token log-probabilities")
         return self._enqueue(TokenJob(sequences, sampling), deadline, request_id)
@@ -258,8 +252,8 @@ class Engine:
                 round.error = exc
         seconds = self._scheduler.finish(round)
         log.debug("round of %d slices: predicted %.3f s, took %.3f s", len(round.slices), round.predicted_s, seconds,
-                  extra={"json_fields": {"slices": [[piece.entry.request_id, int(piece.entry.bulk), piece.start,
-                                                     piece.stop] for piece in round.slices],
+                  extra={"json_fields": {"slices": [[piece.entry.request_id, piece.start, piece.stop]
+                                                    for piece in round.slices],
                                          "predicted_s": round.predicted_s, "seconds": seconds,
                                          **self._scheduler.stats()}})
         if round.error is not None:
@@ -271,6 +265,7 @@ class Engine:
             return
         self._counters["device_rounds"] += 1
         self._counters["round_sequences"] += sum(piece.stop - piece.start for piece in round.slices)
+        self._counters["device_seconds"] += seconds
         for piece, result in zip(round.slices, results):
             entry = piece.entry
             if entry.future.done():  # failed in another round, or cancelled by the drain
@@ -293,9 +288,10 @@ def _result(entry: Entry) -> ScoreResult | TokenLogprobsResult:
     """A request's slices put together; its queue time is all its time not spent in its rounds."""
     parts = entry.results()
     queued = max(0.0, time.monotonic() - entry.submitted - entry.device_s)
+    predicted = Prediction(entry.admission.wait_s, entry.admission.own_s) if entry.admission else None
     if isinstance(parts[0], np.ndarray):
-        return ScoreResult(parts[0] if len(parts) == 1 else np.concatenate(parts), queued, entry.device_s)
-    return TokenLogprobsResult([sequence for part in parts for sequence in part], queued, entry.device_s)
+        return ScoreResult(parts[0] if len(parts) == 1 else np.concatenate(parts), queued, entry.device_s, predicted)
+    return TokenLogprobsResult([sequence for part in parts for sequence in part], queued, entry.device_s, predicted)
 
 
 def _finite(result) -> bool:

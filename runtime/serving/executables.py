@@ -189,7 +189,7 @@ def _write_atomic(path: Path, blob: bytes) -> None:
 
 # runtime/serving modules that decide when work runs, never what a program computes: a change to admission or
 # scheduling keeps the stored executables (an image's baked set, a warm cache).
-_NOT_IN_PROGRAMS = frozenset({"engine.py", "cost.py", "scheduler.py", "slices.py"})
+_NOT_IN_PROGRAMS = frozenset({"engine.py", "cost.py", "jobs.py", "scheduler.py", "slices.py"})
 
 
 def source_files() -> list[Path]:

@@ -1,46 +1,65 @@
-"""Admission by predicted wait, and device rounds that keep large requests from holding up small ones.
+"""Admission and device rounds: answer small requests fast, refuse only what cannot be answered in time, and under
+overload refuse every kind of request alike.
 
-Two lanes. A request whose own work is predicted to take at most half of SCOREFN_MAX_WAIT_S is *normal*; a larger one
-(it could not meet the budget at half the device) is *bulk*. Normal requests are served first come, first served;
-bulk requests one at a time, beside them. A device round holds up to `round_s` (a quarter of the budget, at most
-ROUND_S) of predicted work: normal requests in order (one that does not fit goes on first in the next round); while
-normal work waits it gets (1 - BULK_SHARE) of the round, and the head bulk request as much device time as normal work
-got (BULK_SHARE 0.5: the same), in slices of its items (deficit round robin: a slice larger than that comes every few
-rounds); with no normal work waiting, the bulk request gets whole rounds. So a one-item request never waits for all of a
-1,024-item request, only for slices of it, and the large one moves on all the time.
+Requests are weighed in predicted device seconds of their padded tokens (runtime.serving.cost), never by count. A
+request's *own* work is its estimate alone; *small* requests (own work within half of SCOREFN_MAX_WAIT_S) are those
+whose latency the budget bounds.
 
-Admission follows from that schedule (`own`: the request's predicted device seconds, `ahead`: what the requests
-before it in its lane still have to run, `inflight`: the rounds dispatched and not done):
+Rounds. A device round holds up to `round_s` (a quarter of SCOREFN_MAX_WAIT_S, at most ROUND_S) of predicted work: its
+requests are answered when all of it is done and a new small request waits for the round in flight, so longer rounds
+would only delay answers (shorter ones pay their device batches' price more often). Work is taken shortest predicted
+remaining work first (ties: first come, first served), so a one-item request waits for the round in flight and for
+other small work, never for all of a 1,024-item one; large requests run in slices of their rows, each large enough
+that its device batch and its shared prefix cost little next to its rows (a slice larger than what is left of the
+budget is still taken while half of it is left). The request that has waited longest gets OLDEST_SHARE of the device
+time of every round it is not in (a credit spent on its next slice), so the largest request moves on however much
+smaller work keeps arriving; one that has waited half of its deadline without starting starts in the next round.
 
-    normal: inflight + (ahead + own) * stretch <= max_wait,   stretch = 1 / (1 - BULK_SHARE) while bulk work waits
-    bulk:   inflight + ahead / BULK_SHARE <= max_wait          (it starts within the budget)
+Admission (`own`: the request's work; `ahead`: the remaining work of the queued requests shorter than it; `inflight`:
+the rounds dispatched and not done):
 
-and it must start before its deadline. Otherwise QueueFull, with the seconds the work ahead needs to drain that far
-as Retry-After. Requests are weighed in predicted device seconds of their padded tokens (runtime.serving.cost), never
-by count; SCOREFN_MAX_QUEUE stays a hard cap on their number. Pure Python: the scorer is reached through `cost`,
-`round_cost` and the jobs it is given.
+    wait = inflight + ahead / (1 - OLDEST_SHARE)  (no share taken when the oldest request is ahead anyway)
+    small:   wait + own <= max_wait            (it is answered within SCOREFN_MAX_WAIT_S)
+    any:     now + wait <= deadline            (it starts before SCOREFN_REQUEST_TIMEOUT_S)
+    overload (offered work above the device's capacity over the last 30 s and the last 5 s):
+             backlog <= BACKLOG_WAITS * max_wait
+
+The backlog counts each request's remaining work up to SCOREFN_MAX_WAIT_S (a larger one holds nobody up for longer:
+it is served in slices behind shorter work). The overload rule does not depend on the request, so under overload
+every kind of request is refused in the same proportion and answered in proportion to what it asks; below capacity it
+never applies, so bursts are queued, not refused. Otherwise QueueFull, with the seconds until the work ahead has
+drained enough as Retry-After. SCOREFN_MAX_QUEUE stays a hard cap on the number of queued requests. Pure Python: the
+scorer is reached through `cost`, `round_cost` and the jobs it is given.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import math
 import threading
 import time
 from typing import Any, Callable
 
-from runtime.interface import DeadlineExceeded, QueueFull, ShuttingDown
+from runtime.interface import DeadlineExceeded, Prediction, QueueFull, ShuttingDown
 from runtime.serving.cost import ServiceModel, Work
-from runtime.serving.slices import Entry, Round, Slice
+from runtime.serving.slices import Admission, Entry, Round, Slice
+
+
+ROUND_S = 0.3  # seconds: the longest round (see Rounds above)
+
+
+def round_budget(max_wait_s: float) -> float:
+    """The predicted seconds of work a device round holds: a quarter of SCOREFN_MAX_WAIT_S, at most ROUND_S."""
+    return min(max_wait_s / 4, ROUND_S)
 
 
 class Scheduler:
-    BULK_SHARE = 0.5  # of the device, for the head bulk request while normal work waits
-    PACKING_ROUNDS = 8  # rounds whose packing and overrun the queue's prediction heeds
-    # Rounds longer than this would only delay answers: a round's requests are answered when all of it is done, and
-    # its device batches are bounded by the largest bucket anyway.
-    ROUND_S = 0.5
+    OLDEST_SHARE = 0.1  # of the device time of a round, for the request waiting longest
+    SLICE_OVERHEAD = 0.5  # a slice's device batch may add at most this to the price of each of its rows
+    BACKLOG_WAITS = 4.0  # under overload, the backlog is kept within this many SCOREFN_MAX_WAIT_S
+    # Offered work is averaged over two windows: an overload is a load above capacity over both the long one (many
+    # requests: a burst is not an overload) and the short one (it is still going on: the load has not dropped).
+    LOAD_WINDOWS_S = (30.0, 5.0)
 
     def __init__(self, model: ServiceModel, cost: Callable[[Any], Work], max_queue: int, max_wait_s: float,
                  round_cost: Callable[[list], Work] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -49,18 +68,18 @@ class Scheduler:
         self.model = model
         self.max_queue = max_queue
         self.max_wait_s = max_wait_s
-        self.round_s = min(max_wait_s / 4, self.ROUND_S)
-        self.refused = {"wait": 0, "queue": 0}
+        self.round_s = round_budget(max_wait_s)
+        self.backlog_limit_s = self.BACKLOG_WAITS * max_wait_s
+        self.refused = {"wait": 0, "deadline": 0, "overload": 0, "queue": 0}
         self.admitted = 0
-        self._packings: collections.deque[float] = collections.deque([1.0], maxlen=self.PACKING_ROUNDS)
-        self._overruns: collections.deque[float] = collections.deque([1.0], maxlen=self.PACKING_ROUNDS)
-        self._bulk_credit = 0.0  # seconds of device time the bulk lane has earned and not yet spent
         self._cost = cost
         self._round_cost = round_cost
         self._clock = clock
-        self._normal: list[Entry] = []  # first come, first served
-        self._bulk: list[Entry] = []  # one at a time, beside the normal ones
+        self._queue: list[Entry] = []  # admitted, not finished, in order of arrival
         self._in_flight: list[Round] = []
+        self._credit = 0.0  # device seconds the oldest request has earned and not yet spent
+        self._offered = [0.0] * len(self.LOAD_WINDOWS_S)  # decayed sums of the work asked for (each request's up to
+        self._offered_at = clock()  # max_wait) over each window
         self._cv = threading.Condition()
         self._closed = False  # no new work
         self._stopped = False  # next_round() answers None
@@ -74,53 +93,70 @@ class Scheduler:
         with self._cv:
             if self._closed:
                 raise ShuttingDown("the server is shutting down")
-            if len(self._normal) + len(self._bulk) >= self.max_queue:
+            if len(self._queue) >= self.max_queue:
                 self.refused["queue"] += 1
                 raise QueueFull(f"{self.max_queue} requests are already waiting (SCOREFN_MAX_QUEUE)",
-                                retry_after_s=math.ceil(self._in_flight_s() + self.round_s))
-            own = self._seconds(work)
-            entry.bulk = own > self.max_wait_s / 2
+                                retry_after_s=self._in_flight_s() + self.round_s)
             now = self._clock()
-            if entry.bulk:
-                wait = self._bulk_wait_s()
-                over = wait - self.max_wait_s
-            else:
-                wait = self._normal_wait_s()
-                over = wait + own * self._stretch() - self.max_wait_s
-            late = now + wait - deadline if deadline is not None else 0.0
-            if over > 0 or late > 0:
-                self.refused["wait"] += 1
-                limit = (f"over the limit of {self.max_wait_s:g} s (SCOREFN_MAX_WAIT_S)" if over > 0 else
-                         "past its deadline (SCOREFN_REQUEST_TIMEOUT_S)")
-                raise QueueFull(f"this request would wait {wait:.1f} s for the device (its own work: {own:.1f} s), "
-                                f"{limit}", retry_after_s=math.ceil(max(over, late)))
+            own = self.model.seconds(work)
+            load = self._offer(now, own)
+            wait = self._wait_s(own)
+            entry.admission = Admission(own, wait, load)
+            self._refuse_if_late(entry, now)
             entry.submitted = now
             self.admitted += 1
-            (self._bulk if entry.bulk else self._normal).append(entry)
+            self._queue.append(entry)
             self._cv.notify_all()
         return entry.future
 
-    def _stretch(self) -> float:
-        """How much longer normal work takes while bulk work waits beside it (lock held)."""
-        return 1 / (1 - self.BULK_SHARE) if self._bulk else 1.0
+    def _refuse_if_late(self, entry: Entry, now: float) -> None:
+        """Raise QueueFull when the entry cannot be answered in time (lock held); see the module's rules."""
+        own, wait, load = entry.admission.own_s, entry.admission.wait_s, entry.admission.load
+        refusals = []  # (seconds over, reason, what the client is told)
+        if own <= self.max_wait_s / 2 and wait + own > self.max_wait_s:
+            refusals.append((wait + own - self.max_wait_s, "wait", f"this request would wait {wait:.1f} s for the "
+                             f"device (its own work: {own:.1f} s), over the limit of {self.max_wait_s:g} s "
+                             f"(SCOREFN_MAX_WAIT_S)"))
+        if entry.deadline is not None and now + wait > entry.deadline:
+            refusals.append((now + wait - entry.deadline, "deadline", f"this request would wait {wait:.1f} s for "
+                             f"the device, past its deadline (SCOREFN_REQUEST_TIMEOUT_S)"))
+        if load > 1.0 and (backlog := self._backlog_s()) > self.backlog_limit_s:
+            refusals.append((backlog - self.backlog_limit_s, "overload", f"the instance is overloaded (asked for "
+                             f"{load:.1f}x what it computes, over the last {max(self.LOAD_WINDOWS_S):g} s and the last "
+                             f"{min(self.LOAD_WINDOWS_S):g} s) and {backlog:.1f} s of work are queued, over "
+                             f"{self.backlog_limit_s:g} s ({self.BACKLOG_WAITS:g} x SCOREFN_MAX_WAIT_S)"))
+        if refusals:
+            over, reason, message = max(refusals)
+            self.refused[reason] += 1
+            raise QueueFull(message, retry_after_s=over, reason=reason, predicted=Prediction(wait, own))
 
-    def _normal_wait_s(self) -> float:
-        """Predicted seconds before a new normal request starts (lock held)."""
-        return self._in_flight_s() + sum(self._seconds(e.left()) for e in self._normal) * self._stretch()
+    def _offer(self, now: float, own: float) -> float:
+        """Count a request's work (up to max_wait) as asked for; returns the offered load (lock held)."""
+        self._offered = [sum_ * math.exp(-(now - self._offered_at) / window) + min(own, self.max_wait_s)
+                         for sum_, window in zip(self._offered, self.LOAD_WINDOWS_S)]
+        self._offered_at = now
+        return self.load(now)
 
-    def _bulk_wait_s(self) -> float:
-        """Predicted seconds before a new bulk request starts (lock held)."""
-        ahead = sum(self._seconds(e.left()) for e in self._bulk)
-        share = self.BULK_SHARE if self._normal else 1.0  # of the device, while normal work waits
-        return self._in_flight_s() + ahead / share
+    def load(self, now: float | None = None) -> float:
+        """The offered load: device seconds asked for per second (1: as much as the device computes), the smaller of
+        its averages over LOAD_WINDOWS_S."""
+        elapsed = (self._clock() if now is None else now) - self._offered_at
+        return min(sum_ * math.exp(-elapsed / window) / window
+                   for sum_, window in zip(self._offered, self.LOAD_WINDOWS_S))
 
-    def _seconds(self, work: Work) -> float:
-        """Predicted seconds of queued work (lock held): its estimate, times how rounds have packed such estimates,
-        times how much longer than predicted rounds take: the most the last rounds did, or the round on the device
-        does now (the model follows the device's mean; this covers its spread, and a device shared with other work
-        that slows down at once). Rounds themselves are filled by the estimates alone: no factor may change what a
-        round holds."""
-        return self.packing * max(self._slowdown(), max(self._overruns)) * self.model.seconds(work)
+    def _wait_s(self, own: float) -> float:
+        """Predicted seconds before a request of `own` seconds starts: the rounds in flight, then the queued work
+        shorter than it, at the device time the oldest request leaves when that one is not ahead of it (lock held)."""
+        ahead = sum(left for e in self._queue if (left := self._left_s(e)) <= own)
+        share = self.OLDEST_SHARE if self._queue and self._left_s(self._queue[0]) > own else 0.0
+        return self._in_flight_s() + ahead / (1 - share)
+
+    def _left_s(self, entry: Entry) -> float:
+        return self.model.seconds(entry.left())
+
+    def _backlog_s(self) -> float:
+        """The work admitted and not done, each request's counted up to max_wait (lock held)."""
+        return self._in_flight_s() + sum(min(self._left_s(e), self.max_wait_s) for e in self._queue)
 
     def _slowdown(self) -> float:
         if not self._in_flight:
@@ -144,7 +180,7 @@ class Scheduler:
         requests to join it. None once stopped."""
         with self._cv:
             while True:
-                while not (self._normal or self._bulk) and not self._stopped:
+                while not self._queue and not self._stopped:
                     self._cv.wait()
                 if self._stopped:
                     return None
@@ -157,67 +193,48 @@ class Scheduler:
                 if slices:
                     work = sum((s.work for s in slices), Work())
                     if self._round_cost is not None:  # as planned: rows padded together, batches shared
-                        planned = self._round_cost([s.job for s in slices])
-                        self._learn_packing(self.model.seconds(planned) / max(self.model.seconds(work), 1e-9))
-                        work = planned
+                        work = self._round_cost([s.job for s in slices])
                     round = Round(slices, work, self.model.seconds(work), self._clock())
                     self._in_flight.append(round)
                     return round
-                # Nothing taken: every waiting request was dropped (the heads of both lanes always get a slice).
+                # Nothing taken: every queued request was dropped (cancelled, or past its deadline).
 
     def _queued_s(self) -> float:
-        return sum(self.model.seconds(e.left()) for e in (*self._normal, *self._bulk))
-
-    def _learn_packing(self, ratio: float) -> None:
-        """Requests are estimated alone (their rows at their own length, a share of full batches); a round pads
-        rows of different lengths together and may not fill its batches: keep the planned / estimated ratios."""
-        self._packings.append(min(max(ratio, 1 / ServiceModel.MAX_RATIO), ServiceModel.MAX_RATIO))
-
-    @property
-    def packing(self) -> float:
-        """The largest ratio of the last rounds: the queue is predicted as badly packed as rounds have lately been
-        (it varies with the mix from round to round; a wait predicted short is a broken promise, one predicted
-        long only an early 429)."""
-        return max(self._packings)
+        return sum(self._left_s(e) for e in self._queue)
 
     def _take(self) -> list[Slice]:
-        """Fill a round (lock held): normal requests in order; the head bulk request beside them. While both lanes
-        wait, normal work gets (1 - BULK_SHARE) of a round, and the bulk lane earns as credit the time normal work
-        got (in the ratio of the shares), spent on a slice once it covers the smallest one (deficit round robin: a
-        slice larger than its share comes every few rounds, and the lanes still split the device as the shares say)."""
+        """Fill a round (lock held): shortest remaining work first, slices of the rest up to the round's budget,
+        and the oldest request's slice once its credit pays for one."""
         self._drop_dead()
-        budget = self.round_s
-        taken: list[Slice] = []
-        both = bool(self._normal and self._bulk)
-        kept = self.BULK_SHARE * self.round_s if both else 0.0  # of the budget, not for normal work
-        normal_s = 0.0
-        while self._normal and budget > kept:
-            entry = self._normal[0]
-            rows = self._slice_rows(entry, budget - kept, force=not taken)
+        if not self._queue:
+            return []
+        now = self._clock()
+        late = [e for e in self._queue if not e.started and e.deadline is not None
+                and now > (e.submitted + e.deadline) / 2]  # half its time to the deadline gone: it starts now
+        order = late + sorted((e for e in self._queue if e not in late), key=lambda e: (self._left_s(e), e.submitted))
+        oldest = self._queue[0]
+        budget, taken, others_s = self.round_s, [], 0.0
+        for entry in order:
+            # A slice that does not fit is still taken while half of the budget is left: short rounds stay full.
+            rows = self._slice_rows(entry, budget, force=budget >= self.round_s / 2)
             if not rows:
-                break  # first come, first served: nothing overtakes the head
+                break  # shortest first: nothing longer overtakes it
+            if not self._start(entry):
+                continue
             spent = self._add(taken, entry, rows)
             budget -= spent
-            normal_s += spent
-            if entry.rows_left:
-                break  # it goes on in the next round, first
-            self._normal.pop(0)
-            self._drop_dead()
-        if not self._bulk:
-            self._bulk_credit = 0.0
-            return taken
-        entry = self._bulk[0]
-        if both:  # as much device time as normal work got, in the ratio of the shares
-            self._bulk_credit += normal_s * self.BULK_SHARE / (1 - self.BULK_SHARE)
-            limit, force = self._bulk_credit, self._bulk_credit >= self._smallest_s(entry)
+            if entry is not oldest:
+                others_s += spent
+            if budget <= 0:
+                break
+        if oldest.rows_left and not any(piece.entry is oldest for piece in taken):
+            self._credit += others_s * self.OLDEST_SHARE / (1 - self.OLDEST_SHARE)
+            if (self._credit >= self._smallest_s(oldest) or not taken) and self._start(oldest):
+                spent = self._add(taken, oldest, self._slice_rows(oldest, max(self._credit, budget), force=True))
+                self._credit = max(0.0, self._credit - spent)
         else:
-            limit, force = budget, not taken
-        rows = self._slice_rows(entry, limit, force=force)
-        if rows:
-            spent = self._add(taken, entry, rows)
-            self._bulk_credit = max(0.0, self._bulk_credit - spent) if both else 0.0
-            if not entry.rows_left:
-                self._bulk.pop(0)
+            self._credit = 0.0
+        self._queue = [e for e in self._queue if e.rows_left and not e.future.cancelled()]
         return taken
 
     def _add(self, taken: list[Slice], entry: Entry, rows: int) -> float:
@@ -228,46 +245,49 @@ class Scheduler:
         return self.model.seconds(piece.work)
 
     def _drop_dead(self) -> None:
-        """Start the head of each lane: drop those whose client went away or whose deadline passed (lock held)."""
-        for lane in (self._normal, self._bulk):
-            while lane and not lane[0].started and not self._start(lane[0]):
-                lane.pop(0)
+        """Drop the queued requests that have not started and whose client went away or whose deadline passed (their
+        futures then say so; lock held)."""
+        now = self._clock()
+        kept = []
+        for entry in self._queue:
+            if not entry.started and entry.future.cancelled():
+                continue
+            if not entry.started and entry.deadline is not None and now > entry.deadline:
+                entry.future.set_exception(DeadlineExceeded(
+                    f"waited {now - entry.submitted:.2f} s in the queue, past the request deadline"))
+                continue
+            kept.append(entry)
+        self._queue = kept
+
+    def _smallest(self, entry: Entry) -> int:
+        """Rows of an entry's smallest slice: enough that its device batch adds at most SLICE_OVERHEAD to each row's
+        price, and with a shared prefix (computed again for every slice) enough rows to cost as much as the prefix
+        (and 2): slicing costs little of the device time it splits."""
+        row_s = self.model.seconds(entry.per_row)
+        rows = math.ceil(self.model.seconds(Work(batches=1)) / (self.SLICE_OVERHEAD * row_s) - 1e-9)
+        if entry.shared.batches:
+            rows = max(rows, 2, math.ceil(self.model.seconds(entry.shared) / row_s - 1e-9))
+        return min(max(1, rows), entry.rows_left)
 
     def _smallest_s(self, entry: Entry) -> float:
         return self.model.seconds(entry.shared + entry.per_row * self._smallest(entry))
 
-    def _smallest(self, entry: Entry) -> int:
-        """Rows of an entry's smallest slice: 1, or with a shared prefix (computed again for every slice) enough rows
-        to cost as much as the prefix (and 2): slicing costs at most half of the device time it splits."""
-        if not entry.shared.batches:
-            return 1
-        rows = math.ceil(self.model.seconds(entry.shared) / self.model.seconds(entry.per_row) - 1e-9)
-        return min(max(2, rows), entry.rows_left)
-
     def _slice_rows(self, entry: Entry, limit_s: float, force: bool) -> int:
         """How many of the entry's next rows fit in `limit_s` (0: not even its smallest slice, unless forced)."""
-        row_s = self.model.seconds(entry.per_row)
         smallest = self._smallest(entry)
-        fits = int((limit_s - self.model.seconds(entry.shared)) // row_s)
+        fits = int((limit_s - self.model.seconds(entry.shared)) // self.model.seconds(entry.per_row))
         if fits < smallest and not force:
             return 0
         rows = max(fits, smallest)
-        if entry.rows_left - rows < smallest:  # no tail too small to share its prefix
+        if entry.rows_left - rows < smallest:  # no tail too small to share its prefix and batch
             rows = entry.rows_left
         return min(rows, entry.rows_left)
 
     def _start(self, entry: Entry) -> bool:
-        """Mark a request's future running before its first slice; False if the client went away or it waited
-        past its deadline (its future then says so)."""
-        if not entry.future.set_running_or_notify_cancel():
-            return False
-        now = self._clock()
-        if entry.deadline is not None and now > entry.deadline:
-            entry.future.set_exception(DeadlineExceeded(
-                f"waited {now - entry.submitted:.2f} s in the queue, past the request deadline"))
-            return False
-        entry.started = True
-        return True
+        """Mark a request's future running before its first slice; False if its client has just gone away."""
+        if not entry.started:
+            entry.started = entry.future.set_running_or_notify_cancel()
+        return entry.started
 
     def finish(self, round: Round) -> float:
         """A round's results are fetched (or it failed): learn from its time, free its place. Returns its seconds."""
@@ -275,7 +295,6 @@ class Scheduler:
         seconds = now - round.started
         with self._cv:
             if round.error is None:
-                self._overruns.append(min(max(seconds / max(round.predicted_s, 1e-6), 1.0), ServiceModel.MAX_RATIO))
                 self.model.observe(round.work, seconds)
             self._in_flight.remove(round)
             if self._in_flight:  # pipelined: the next round's device work starts now at the latest
@@ -286,9 +305,8 @@ class Scheduler:
     def drop(self, entry: Entry) -> None:
         """A failed request: none of its other rows are computed."""
         with self._cv:
-            lane = self._bulk if entry.bulk else self._normal
-            if entry in lane:
-                lane.remove(entry)
+            if entry in self._queue:
+                self._queue.remove(entry)
 
     # ---- life cycle -----------------------------------------------------------------------------------
 
@@ -299,12 +317,12 @@ class Scheduler:
     def wait_idle(self, timeout: float) -> bool:
         """Wait until nothing is queued or in flight; False if `timeout` passed first."""
         with self._cv:
-            return self._cv.wait_for(lambda: not (self._normal or self._bulk or self._in_flight), timeout)
+            return self._cv.wait_for(lambda: not (self._queue or self._in_flight), timeout)
 
     def take_waiting(self) -> list[Entry]:
-        """Remove and return every request still waiting (the drain's grace period is over)."""
+        """Remove and return every request still queued (the drain's grace period is over)."""
         with self._cv:
-            waiting, self._normal, self._bulk = self._normal + self._bulk, [], []
+            waiting, self._queue = self._queue, []
             return waiting
 
     def stop(self) -> None:
@@ -314,10 +332,8 @@ class Scheduler:
 
     def stats(self) -> dict[str, float]:
         with self._cv:
-            return {"queue_depth": len(self._normal) + len(self._bulk), "queue_depth_bulk": len(self._bulk),
-                    "predicted_wait_seconds": self._normal_wait_s(),
-                    "backlog_seconds": self._in_flight_s() + self.packing * self._queued_s(),
-                    "max_wait_seconds": self.max_wait_s, "packing": self.packing,
-                    "overrun": max(self._overruns),
-                    "admitted": self.admitted, "refused_wait": self.refused["wait"],
-                    "refused_queue": self.refused["queue"]}
+            return {"queue_depth": len(self._queue),
+                    "predicted_wait_seconds": self._wait_s(0.0),
+                    "backlog_seconds": self._in_flight_s() + self._queued_s(),
+                    "load": self.load(), "max_wait_seconds": self.max_wait_s,
+                    "admitted": self.admitted, **{f"refused_{reason}": n for reason, n in self.refused.items()}}

@@ -25,26 +25,13 @@ import numpy as np
 
 from runtime.serving import packing
 from runtime.serving.buckets import BucketPlan, Chunk, SequenceTooLong, fit
-from runtime.serving.cost import Work
+from runtime.serving.cost import Work, plan_work
+from runtime.serving.jobs import Job, TokenJob, shared_prefix_length
 from runtime.serving.executables import Executables, ExecutableStore, spec
 from runtime.interface import Sampling, TokenLogprobs
 from runtime.model.transformer import Llama
 
 log = logging.getLogger("scorefn.runtime")
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-    """Score label tokens after each sequence: [n_sequences, n_labels] log-probabilities."""
-    sequences: Sequence[Sequence[int]]
-    label_ids: Sequence[int]
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenJob:
-    """Every position's next-token log-probabilities and top tokens, and one chosen token after each sequence."""
-    sequences: Sequence[Sequence[int]]
-    sampling: Sequence[Sampling]  # one per sequence
 
 
 @dataclasses.dataclass
@@ -59,17 +46,6 @@ class Round:
     """A dispatched round: each device batch's (still on-device) outputs and the rows it holds."""
     jobs: Sequence[Job | TokenJob]
     pending: list[tuple[object, list[_Row]]]
-
-
-def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
-    """Every sequence lies between the lexicographically smallest and largest one, so they share what those two
-    share (min and max compare in C: 13x faster than comparing each sequence, and admission pays it too)."""
-    lowest, highest = min(sequences, key=list), max(sequences, key=list)
-    length = min(len(lowest), len(highest))
-    for n in range(length):
-        if lowest[n] != highest[n]:
-            return n
-    return length
 
 
 class Scorer:
@@ -212,31 +188,8 @@ class Scorer:
         return Round(jobs, pending)
 
     def cost(self, jobs: Sequence[Job | TokenJob], marginal: bool = False) -> Work:
-        """The device work dispatch(jobs) plans: device batches and padded tokens per kind (the engine's admission
-        and service-time estimate count in it). `marginal`: rows that share device batches with other requests'
-        rows (full, completion) pay their share of a full batch, as on a busy device, not a batch of their own."""
-        p = self.plan
-        work, full_rows, token_rows = Work(), [], []
-        for job in jobs:
-            if isinstance(job, TokenJob):
-                token_rows += map(len, job.sequences)
-            elif shared := self._prefix_length(job.sequences):
-                rests = sorted((len(seq) - shared for seq in job.sequences), reverse=True)
-                work += Work(batches=1, context=fit(p.contexts(), shared))
-                work += Work.of("continuation", p.split_suffixes(rests))
-            else:
-                full_rows += map(len, job.sequences)
-        for kind, chunks, batches in (
-                ("full", p.split_full(sorted(full_rows, reverse=True)), p.batches),
-                ("completion", p.split_completions(sorted(token_rows, reverse=True)), p.completion_batches)):
-            if not marginal:
-                work += Work.of(kind, chunks)
-                continue
-            # A chunk's share of the largest device batch at its length (packed: of the most rows at its width).
-            full_batch = p.packing.full_rows if p.packing and kind == "full" else (
-                lambda length, batches=batches: p.batch_for(length, batches))
-            work += Work.shared(kind, chunks, full_batch)
-        return work
+        """The device work dispatch(jobs) plans (runtime.serving.cost.plan_work)."""
+        return plan_work(self.plan, jobs, self.rope_length_limit, marginal)
 
     def collect(self, round: Round) -> list:
         """Wait for a dispatched round and fetch all its outputs in one transfer: per job, [n_sequences, n_labels]
@@ -254,20 +207,7 @@ class Scorer:
         return results
 
     def _prefix_length(self, sequences: Sequence[Sequence[int]]) -> int:
-        """Tokens to share, or 0 when scoring the sequences in full costs fewer padded tokens."""
-        p = self.plan
-        if not p.prefix_sharing or len(sequences) < 2:
-            return 0
-        if self.rope_length_limit is not None and max(map(len, sequences)) > self.rope_length_limit:
-            return 0
-        shared = min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
-        rests = sorted((len(s) - shared for s in sequences), reverse=True)
-        contexts = p.contexts()
-        if shared == 0 or rests[0] > p.max_suffix or not contexts or shared > contexts[-1]:
-            return 0
-        shared_cost = fit(contexts, shared) + sum(c.padded_tokens for c in p.split_suffixes(rests))
-        full_cost = sum(c.padded_tokens for c in p.split_full(sorted(map(len, sequences), reverse=True)))
-        return shared if shared_cost < full_cost else 0
+        return shared_prefix_length(self.plan, sequences, self.rope_length_limit)
 
     def _head(self, hidden, rows: list[_Row], jobs: Sequence[Job], batch: int):
         n_labels = fit(self.plan.labels, max(len(jobs[row.job].label_ids) for row in rows))

@@ -10,6 +10,15 @@ from typing import Any
 from runtime.serving.cost import Work
 
 
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """What admission predicted for a request: its own device seconds, its wait for the device, and the instance's
+    offered load (device seconds asked for per second) when it arrived."""
+    own_s: float
+    wait_s: float
+    load: float
+
+
 @dataclasses.dataclass(eq=False)
 class Entry:
     """An admitted request: its job, what a slice of it costs, and how far it has got."""
@@ -22,7 +31,7 @@ class Entry:
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
     next_row: int = 0  # rows [0, next_row) are dispatched
     started: bool = False  # its first slice is taken (its future is running)
-    bulk: bool = False  # too large for the wait budget: served beside the others (runtime.serving.scheduler)
+    admission: Admission | None = None  # set when admitted
     parts: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (first row, a slice's result)
     rows_done: int = 0
     device_s: float = 0.0  # seconds of the rounds that carried its slices

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.serving.scorer import common_prefix_length
+from runtime.serving.jobs import common_prefix_length
 from runtime.settings import load_settings
 
 QWEN3_CONFIG = Path(__file__).resolve().parent.parent / "model" / "configs" / "qwen3-0.6b.json"

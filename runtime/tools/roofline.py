@@ -41,7 +41,7 @@ class Recorder:
 
 def workloads(vocab: int) -> dict[str, tuple[list, str]]:
     """name -> (jobs, unit): the benchmark's workloads (runtime.tools.bench), at their full sizes."""
-    from runtime.serving.scorer import Job, TokenJob
+    from runtime.serving.jobs import Job, TokenJob
     from runtime.tools import bench
 
     out: dict[str, tuple[list, str]] = {}
@@ -65,7 +65,7 @@ def workloads(vocab: int) -> dict[str, tuple[list, str]]:
 
 def needed_tokens(jobs: list) -> int:
     """Tokens the math needs: each request's shared prefix once (as prefix sharing computes it), then the rest."""
-    from runtime.serving.scorer import Job, common_prefix_length
+    from runtime.serving.jobs import Job, common_prefix_length
 
     total = 0
     for job in jobs:

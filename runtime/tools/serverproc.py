@@ -62,8 +62,11 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, env: dict[str, str] | None = None, interface: str = "asgi", start_timeout: float = 600):
+    def __init__(self, env: dict[str, str] | None = None, interface: str = "asgi", start_timeout: float = 600,
+                 log_path: Path | None = None):
+        """`log_path`: also write every line the server prints there (the last 2,000 are kept in `lines`)."""
         self.port = free_port()
+        self._log = open(log_path, "w") if log_path else None
         self.url = f"http://127.0.0.1:{self.port}"
         self.lines: deque[str] = deque(maxlen=2000)
         self._ready = threading.Event()
@@ -77,11 +80,15 @@ class ServerProcess:
     def _read(self) -> None:
         for line in self.proc.stdout:
             self.lines.append(line)
+            if self._log:
+                self._log.write(line)
             try:
                 if json.loads(line).get("message") == "ready":
                     self._ready.set()
             except (ValueError, AttributeError):
                 pass
+        if self._log:
+            self._log.close()
         self._exited.set()
         self._ready.set()  # wake the waiter: it checks whether the process died
 

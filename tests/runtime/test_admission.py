@@ -1,16 +1,15 @@
-"""Admission by predicted wait and round-robin rounds (runtime.serving.scheduler), and the service model that
-predicts device seconds (runtime.serving.cost). A stepped clock and a known model: no device, no sleeps."""
+"""Admission and device rounds (runtime.serving.scheduler), and the service model that predicts device seconds
+(runtime.serving.cost). A stepped clock and a known model: no device, no sleeps."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 
 import numpy as np
 import pytest
 
-from runtime.interface import DeadlineExceeded, QueueFull
+from runtime.interface import DeadlineExceeded, Prediction, QueueFull
 from runtime.serving.cost import KINDS, ServiceModel, Work
 from runtime.serving.engine import Engine
 from runtime.serving.scheduler import Scheduler
@@ -46,112 +45,85 @@ class Clock:
         return self.now
 
 
-def scheduler(cost=full_cost, max_wait_s: float = 2.0, max_queue: int = 256) -> tuple[Scheduler, Clock]:
+def scheduler(cost=full_cost, max_wait_s: float = 2.0, max_queue: int = 256, per_batch: float = 0.0
+              ) -> tuple[Scheduler, Clock]:
     clock = Clock()
-    return Scheduler(ServiceModel(0.0, SECONDS_PER_TOKEN), cost, max_queue, max_wait_s, clock=clock), clock
+    return Scheduler(ServiceModel(per_batch, SECONDS_PER_TOKEN), cost, max_queue, max_wait_s, clock=clock), clock
 
 
-def rows_by_request(round) -> list[tuple[int, int, int]]:
-    return [(id(piece.entry), piece.start, piece.stop) for piece in round.slices]
+def run(s: Scheduler, clock: Clock) -> list[tuple[str | None, int, int]]:
+    """Take one round and let it take its predicted time; its (request id, first row, end row) slices."""
+    round = s.next_round()
+    clock.now += round.predicted_s
+    s.finish(round)
+    return [(piece.entry.request_id, piece.start, piece.stop) for piece in round.slices]
 
 
-def test_requests_are_admitted_while_their_predicted_wait_fits_the_budget() -> None:
+def test_a_small_request_is_admitted_while_it_would_be_answered_within_the_budget() -> None:
     s, _ = scheduler()
-    for _ in range(16):  # 0.125 s each: the 16th waits 1.875 s and is done at 2 s
+    for _ in range(16):  # 0.125 s each, alike ones in order: the 16th waits 1.875 s and is done at 2 s
         s.admit(job(1, 128), None, None)
     with pytest.raises(QueueFull) as refused:
         s.admit(job(1, 128), None, "seventeenth")
     assert "wait 2.0 s" in str(refused.value) and "SCOREFN_MAX_WAIT_S" in str(refused.value)
-    assert refused.value.retry_after_s == 1  # ceil(0.125 s over)
+    assert refused.value.reason == "wait" and refused.value.retry_after_s == 1  # ceil(0.125 s over)
+    assert refused.value.predicted == Prediction(queue_seconds=2.0, device_seconds=0.125)
     assert s.stats()["refused_wait"] == 1 and s.stats()["queue_depth"] == 16
 
 
-def test_retry_after_is_the_time_the_work_ahead_needs_to_drain() -> None:
-    s, _ = scheduler(max_wait_s=10.0)
-    for _ in range(4):
-        s.admit(job(1, 2560), None, None)  # 2.5 s each, counted in full by a request as large
-    with pytest.raises(QueueFull) as refused:
-        s.admit(job(1, 2560), None, None)  # waits 10 s, + 2.5 s of its own: 2.5 s over
-    assert refused.value.retry_after_s == 3
-
-
-def test_a_bulk_request_runs_beside_the_others_and_takes_only_its_share() -> None:
+def test_a_large_request_is_never_refused_for_its_size_and_small_ones_do_not_wait_for_it() -> None:
     s, _ = scheduler()
-    s.admit(job(100, 128), None, "bulk")  # 12.5 s: over half the budget, so bulk; admitted on an idle engine
-    assert s.stats()["backlog_seconds"] == 12.5 and s.stats()["queue_depth_bulk"] == 1
-    assert s.stats()["predicted_wait_seconds"] == 0.0  # a one-item request does not wait for it
-    for _ in range(8):  # beside bulk work, normal work runs at half speed: 8 of 0.125 s fit where 16 did alone
+    s.admit(job(200, 128), None, "bulk")  # 25 s of work: admitted on an idle instance
+    assert s.stats()["backlog_seconds"] == 25.0
+    assert s.stats()["predicted_wait_seconds"] == 0.0  # shorter work goes first: a small request does not wait for it
+    for _ in range(14):
         s.admit(job(1, 128), None, None)
-    assert s.stats()["predicted_wait_seconds"] == 8 * 0.125 * 2
-    with pytest.raises(QueueFull):
-        s.admit(job(1, 128), None, None)
-    with pytest.raises(QueueFull) as refused:  # bulk requests run one at a time: this one would start in 25 s
-        s.admit(job(100, 128), None, "second bulk")
-    assert refused.value.retry_after_s == 23
+    s.admit(job(200, 128), None, "second bulk")  # it waits for the first and the small ones, still before its deadline
+    assert s.stats()["queue_depth"] == 16
 
 
-def test_rounds_serve_normal_requests_in_order_and_slice_the_bulk_one_beside_them() -> None:
+def test_rounds_take_the_shortest_work_first_and_slice_the_rest() -> None:
     s, clock = scheduler()
-    bulk = s.admit(job(100, 128), None, "bulk")  # 100 rows of 0.125 s; a round is 0.5 s
-    small = [s.admit(job(1, 64), None, f"small-{i}") for i in range(3)]
-    late = big = after = None
-    expected = [  # the bulk lane gets as much time as normal work got: 0.1875 s buys one row, and so on
-        [("small-0", 0, 1), ("small-1", 0, 1), ("small-2", 0, 1), ("bulk", 0, 1)],
-        [("late", 0, 1), ("bulk", 1, 2)],
-        [("normal, longer than a round", 0, 2), ("bulk", 2, 4)],  # normal work's half of a round, then bulk's
-        [("normal, longer than a round", 2, 4), ("bulk", 4, 6)],
-        [("normal, longer than a round", 4, 6), ("bulk", 6, 8)],
-        [("normal, longer than a round", 6, 7), ("after it", 0, 1), ("bulk", 8, 9)]]
-    for i, pieces in enumerate(expected):
-        round = s.next_round()
-        assert [(p.entry.request_id, p.start, p.stop) for p in round.slices] == pieces
-        if i == 0:
-            assert round.predicted_s == 3 * 0.0625 + 0.125 and not any(f.done() for f in (bulk, *small))
-            late = s.admit(job(1, 64), None, "late")
-        clock.now += round.predicted_s  # rounds take what was predicted: the model stays put
-        s.finish(round)
-        if i == 1:  # 0.875 s at half speed beside the bulk request: 1.75 s, and 0.125 s more for the next one
-            big = s.admit(job(7, 128), None, "normal, longer than a round")
-            after = s.admit(job(1, 64), None, "after it")
-    assert [p.entry.future for p in round.slices[:2]] == [big, after] and late is not None
-    rounds, row = len(expected), 9
-    while row < 100:  # alone, bulk fills whole rounds: 4 rows each, contiguous and in order
-        round = s.next_round()
-        (piece,) = round.slices
-        assert piece.start == row
-        row, rounds = piece.stop, rounds + 1
-        clock.now += round.predicted_s
-        s.finish(round)
-    assert rounds == 6 + math.ceil(91 / 4) and s.stats()["queue_depth"] == 0
+    s.admit(job(100, 128), None, "bulk")  # 100 rows of 0.125 s; a round holds 0.3 s
+    s.admit(job(1, 64), None, "small")
+    s.admit(job(3, 128), None, "medium")  # 0.375 s: longer than a round, shorter than the bulk request
+    assert run(s, clock) == [("small", 0, 1), ("medium", 0, 1)]  # what fits of the next shortest
+    assert run(s, clock) == [("medium", 1, 3)]  # less than half of the budget left: nothing longer is started
+    assert run(s, clock) == [("bulk", 0, 2)]  # alone: as many rows as fit the budget
+    s.admit(job(1, 32), None, "late")
+    assert run(s, clock) == [("late", 0, 1), ("bulk", 2, 4)]  # a new small request never waits for the bulk one
+    assert run(s, clock) == [("bulk", 4, 6)]
 
 
-def test_a_shared_prefix_is_sliced_in_pieces_that_amortize_it() -> None:
-    s, _ = scheduler(cost=shared_cost)
-    s.admit(job(200), None, "shared")  # 2 s, bulk; its prefix costs as much as 5 rows: slices of at least 5
-    (piece,) = s.next_round().slices
-    assert piece.stop - piece.start >= 5 and piece.work.context == 50, "every slice computes its prefix once"
-    assert piece.job.sequences == job(200).sequences[piece.start:piece.stop]
-
-
-def test_a_bulk_slice_larger_than_its_share_comes_every_few_rounds() -> None:
-    def wide_prefix(job: Job) -> Work:  # a 200-token prefix (0.2 s) before 10 tokens a row
-        return Work(batches=1, context=200) + Work(continuation=10) * len(job.sequences)
-
-    s, clock = scheduler(cost=wide_prefix)
-    s.admit(job(400), None, "bulk")  # its smallest slice: 20 rows, 0.39 s, more than normal work's 0.2 s a round
-    alone = s.next_round()  # with nothing else waiting, it gets a round of its own, however large its slice
-    assert [p.entry.request_id for p in alone.slices] == ["bulk"] and alone.slices[0].stop >= 20
-    clock.now += alone.predicted_s
-    s.finish(alone)
+def test_the_oldest_request_moves_on_however_much_shorter_work_arrives() -> None:
+    s, clock = scheduler()
+    s.admit(job(40, 128), None, "bulk")  # 5 s
     with_bulk = []
-    for i in range(8):
-        s.admit(job(1), None, f"normal-{i}")
-        round = s.next_round()
-        assert round.slices[0].entry.request_id == f"normal-{i}"  # normal work is in every round
-        with_bulk += [i] if any(p.entry.request_id == "bulk" for p in round.slices) else []
-        clock.now += round.predicted_s
-        s.finish(round)
-    assert with_bulk == [1, 3, 5, 7]  # two rounds' credit buys a slice: the lanes still split the device evenly
+    for i in range(30):  # a stream of shorter requests, each 0.25 s: less than half of a round is left beside it
+        s.admit(job(2, 128), None, f"small-{i}")
+        with_bulk += [i] if any(request == "bulk" for request, _, _ in run(s, clock)) else []
+    # its share of the device (a ninth of the others' time: 0.028 s a round) buys a one-row slice (0.125 s) in 4.5
+    assert with_bulk == [4, 8, 13, 17, 22, 26]
+
+
+def test_under_overload_requests_of_every_size_are_refused_alike_and_bursts_below_it_are_not() -> None:
+    s, clock = scheduler(max_wait_s=1.0)
+    for _ in range(20):  # a burst of 20 requests of 8 s, each counted as 1 s (the budget): 20 s asked for in 30 s
+        s.admit(job(8, 1024), clock.now + 1000, None)
+    assert s.stats()["load"] == pytest.approx(20 / 30) and s.stats()["queue_depth"] == 20  # queued, not refused
+    for _ in range(10):  # another 10 s asked for: the instance is asked for as much as it computes
+        s.admit(job(8, 1024), clock.now + 1000, None)
+    small = job(1, 8)
+    with pytest.raises(QueueFull) as refused:  # overloaded, and a backlog of 30 s counted is over 4 x the budget
+        s.admit(small, None, "small")
+    assert refused.value.reason == "overload" and "overloaded" in str(refused.value)
+    assert refused.value.retry_after_s == 26  # 30 s counted, 4 s allowed
+    with pytest.raises(QueueFull, match="overloaded"):  # whatever its size
+        s.admit(job(8, 1024), clock.now + 1000, None)
+    clock.now += 30  # the offered load decays below capacity: a request is queued again
+    assert s.stats()["load"] < 1
+    s.admit(small, None, "small")
+    assert s.stats()["refused_overload"] == 2
 
 
 def test_the_queue_length_stays_a_hard_cap() -> None:
@@ -171,12 +143,35 @@ def test_requests_past_their_deadline_or_cancelled_are_not_computed() -> None:
     kept = s.admit(job(1), None, "kept")
     assert gone.cancel()
     clock.now += 1
-    round = s.next_round()
-    assert [piece.entry.request_id for piece in round.slices] == ["kept"]
+    assert run(s, clock) == [("kept", 0, 1)]
     assert isinstance(late.exception(0), DeadlineExceeded) and kept.running()
-    s.admit(job(1, 512), None, None)  # 0.5 s queued
-    with pytest.raises(QueueFull, match="past its deadline"):  # would start after its deadline: refused at once
-        s.admit(job(1, 1), clock.now + 0.25, None)
+    s.admit(job(1, 1024), None, None)  # 1 s queued
+    with pytest.raises(QueueFull, match="past its deadline") as refused:  # would start after its deadline
+        s.admit(job(2, 1024), clock.now + 0.5, None)
+    assert refused.value.reason == "deadline"
+
+
+def test_a_request_that_has_waited_half_its_deadline_starts_in_the_next_round() -> None:
+    s, clock = scheduler()
+    bulk = s.admit(job(100, 128), clock.now + 10, "bulk")
+    run(s, clock)  # started: never dropped for its deadline from now on
+    waiting = s.admit(job(50, 128), clock.now + 10, "waiting")  # longer than what is left of the first
+    clock.now += 5.01  # half of its time to the deadline gone without a slice
+    assert run(s, clock)[0][0] == "waiting"
+    clock.now += 10
+    run(s, clock)
+    assert not waiting.done() and not bulk.done()  # both are started: neither is dropped
+
+
+def test_a_slice_amortizes_its_shared_prefix_and_its_device_batch() -> None:
+    s, _ = scheduler(cost=shared_cost)
+    s.admit(job(200), None, "shared")  # its prefix costs as much as 5 rows: slices of at least 5
+    (piece,) = s.next_round().slices
+    assert piece.stop - piece.start >= 5 and piece.work.context == 50, "every slice computes its prefix once"
+    assert piece.job.sequences == job(200).sequences[piece.start:piece.stop]
+    priced, _ = scheduler(per_batch=0.25)  # a device batch costs as much as two rows of 128 tokens
+    priced.admit(job(100, 128), None, "bulk")
+    assert priced._smallest(priced._queue[0]) == 4  # so a slice holds at least 4 rows: the batch adds at most half
 
 
 def test_the_service_model_learns_the_device_from_rounds() -> None:
@@ -192,6 +187,19 @@ def test_the_service_model_learns_the_device_from_rounds() -> None:
     before = model.seconds(shapes[0])
     model.observe(shapes[0], 100.0)  # one round slowed by something else moves the estimate a little
     assert model.seconds(shapes[0]) < 1.6 * before
+
+
+def test_the_plan_prices_a_device_batch_in_tokens_from_the_service_model() -> None:
+    from runtime.serving.buckets import BucketPlan
+
+    plan = BucketPlan(lengths=(64,), batches=(1, 4, 16), max_tokens=4096, labels=(4,), context_lengths=(64,),
+                      suffix_lengths=(8,), suffix_batches=(8,), prefix_sharing=False)
+    assert ServiceModel(0.05, dict.fromkeys(KINDS, 1e-3)).fit_plan(plan).batch_overhead_tokens == pytest.approx(50)
+    assert ServiceModel.neutral().fit_plan(plan).batch_overhead_tokens == pytest.approx(100)
+    assert ServiceModel(1e-12, dict.fromkeys(KINDS, 1e-3)).fit_plan(plan) is plan  # no price told apart: unchanged
+    # 13 rows of 64 tokens: three batches of 4 and one of 1 cost less than one batch of 16 padded by 3 rows
+    assert [c.batch for c in ServiceModel(0.05, dict.fromkeys(KINDS, 1e-3)).fit_plan(plan).split_full([64] * 13)] \
+        == [4, 4, 4, 1]
 
 
 class RowScorer:
@@ -224,7 +232,7 @@ def test_the_engine_answers_small_requests_between_the_slices_of_a_large_one() -
     try:
         blocker = engine.submit([[7] * 8], [0])
         assert scorer.entered.wait(30)  # the device is busy: what follows queues
-        bulk = engine.submit([[1000 + row] * 128 for row in range(40)], [0])  # 5 s: bulk, sliced
+        bulk = engine.submit([[1000 + row] * 128 for row in range(40)], [0])  # 5 s: sliced
         small = [engine.submit([[i] * 64], [0]) for i in range(3)]
         bulk.add_done_callback(lambda _: done.append("bulk"))
         for i, future in enumerate(small):
@@ -233,22 +241,10 @@ def test_the_engine_answers_small_requests_between_the_slices_of_a_large_one() -
         assert bulk.result(30).logprobs[:, 0].tolist() == [-1000.0 - row for row in range(40)]
         assert [f.result(30).logprobs.tolist() for f in small] == [[[0.0]], [[-1.0]], [[-2.0]]]
         assert blocker.result(30).logprobs.tolist() == [[-7.0]]
+        assert small[0].result().predicted.device_seconds == 0.0625  # what admission predicted comes back too
     finally:
         scorer.gate.set()
         engine.stop(5)
     assert done[-1] == "bulk" and sorted(done[:3]) == ["small-0", "small-1", "small-2"]
     bulk_rounds = [r for r in scorer.rounds if any(first >= 1000 for first, _ in r)]
     assert len(bulk_rounds) >= 3 and [first for first, _ in scorer.rounds[1][:3]] == [0, 1, 2]
-
-
-def test_the_queue_is_predicted_as_badly_packed_as_the_last_rounds() -> None:
-    clock = Clock()
-    doubled = Scheduler(ServiceModel(0.0, SECONDS_PER_TOKEN), full_cost, 256, 2.0, clock=clock,
-                        round_cost=lambda jobs: full_cost(Job([s for job in jobs for s in job.sequences])) * 2)
-    doubled.admit(job(1, 128), None, "first")  # 0.125 s as estimated; its round is planned at 0.25 s
-    round = doubled.next_round()
-    assert round.predicted_s == 0.25 and doubled.packing == 2.0
-    for _ in range(3):
-        doubled.admit(job(1, 128), None, None)
-    # the round in flight (0.25 s) and three requests at twice their estimate
-    assert doubled.stats()["predicted_wait_seconds"] == 0.25 + 3 * 0.25

@@ -52,7 +52,7 @@ def test_scores_do_not_depend_on_arrival_order(engine):
 
 def test_the_cost_of_a_request_is_the_device_work_the_scorer_plans_for_it(engine):
     from runtime.interface import Sampling
-    from runtime.serving.scorer import Job, TokenJob
+    from runtime.serving.jobs import Job, TokenJob
 
     rng = np.random.default_rng(2)
     query = rng.integers(0, 49152, 20).tolist()
@@ -60,7 +60,8 @@ def test_the_cost_of_a_request_is_the_device_work_the_scorer_plans_for_it(engine
             "shared prefix": Job([query + [i] for i in range(9)], [1]),
             "completion": TokenJob(random_sequences(rng, 3, 2, 20, 49152), [Sampling()] * 3)}
     costs = {name: engine.scorer.cost([job]) for name, job in jobs.items()}
-    assert costs["full"].full == 16 * 32 and costs["full"].batches == 1  # 5 rows padded to a batch of 16 x 32
+    # 4 rows of up to 32 tokens in a batch of 4 x 32 and the 3-token one in 1 x 16 (one batch of 16 would pad 11 rows)
+    assert costs["full"].full == 4 * 32 + 16 and costs["full"].batches == 2
     # a 20-token prefix in a 32-token context, then 9 one-token items in batches of 4 x 8
     assert costs["shared prefix"].context == 32 and costs["shared prefix"].continuation == 3 * 4 * 8
     assert costs["completion"].completion > 0 and costs["completion"].full == 0

@@ -133,8 +133,9 @@ def test_a_failing_device_round_fails_only_its_requests(core: ScoringCore, stub:
 
     failures = [r for r in caplog.records if r.name == "scorefn.runtime" and "device round" in r.getMessage()]
     assert len(failures) == 1 and failures[0].exc_info is not None  # with the traceback
-    assert failures[0].json_fields == {"request_ids": ["good-1", "poisoned", "good-2"]}
-    assert "good-1, poisoned, good-2" in failures[0].getMessage()
+    # in the round's order: shortest work first (good-2 has one token), then first come, first served
+    assert failures[0].json_fields == {"request_ids": ["good-2", "good-1", "poisoned"]}
+    assert "good-2, good-1, poisoned" in failures[0].getMessage()
     assert not any("after" in r.getMessage() for r in caplog.records)
 
 

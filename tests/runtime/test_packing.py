@@ -11,7 +11,7 @@ import pytest
 
 from runtime.model.config import load_config
 from runtime.serving.packing import Pack, Packing, arrays, first_fit, pack_continuations, pack_full
-from runtime.serving.scorer import Job
+from runtime.serving.jobs import Job
 from runtime.settings import load_settings
 from tests.conftest import torch_label_logprobs
 from tests.runtime.conftest import CASES as MODELS

@@ -1,0 +1,45 @@
+"""Admission and rounds under open-loop load, in simulated time (loadtests/simulate.py): the real scheduler and cost
+model against a simulated device with the small-bucket server's prices. Decided by the scheduler's logic alone (fixed
+seeds), so the properties the HTTP overload run samples in a minute are judged here over many simulated minutes."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtests.simulate import MIX, simulate, summarize
+from runtime.serving.scheduler import round_budget
+
+MAX_WAIT_S = 2.0
+ROUND_S = round_budget(MAX_WAIT_S)
+
+
+@pytest.mark.parametrize("bulk_items", [256, 1024])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_below_capacity_nothing_of_the_mix_is_refused_and_the_bulk_client_is_answered(bulk_items, seed):
+    records, _ = simulate(0.7, 300, bulk_items=bulk_items, seed=seed, max_wait_s=MAX_WAIT_S)
+    summary = summarize(records)
+    assert summary["mix_refused"] == 0, summary["kinds"]
+    assert all(s["other"] == 0 for s in summary["kinds"].values())
+    assert summary["kinds"][f"bulk {bulk_items}"]["answered"] >= 1  # it waits beside the mix, it does not starve
+    assert summary["bounded_p99_s"] <= MAX_WAIT_S + ROUND_S
+
+
+@pytest.mark.parametrize("bulk_items", [256, 1024])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_at_four_times_capacity_every_kind_is_answered_in_proportion_and_small_ones_fast(bulk_items, seed):
+    records, scheduler = simulate(4.0, 300, bulk_items=bulk_items, seed=seed, max_wait_s=MAX_WAIT_S)
+    summary = summarize(records)
+    shares = {name: summary["kinds"][name]["answered_share"] for name, _ in MIX}
+    # each kind's answered share within a quarter of the mix's: answers in proportion to the work asked for
+    assert summary["fairness"] >= 0.75, shares
+    assert 0.15 <= summary["mix_answered_share"] <= 0.3  # about a quarter: the capacity, less the bulk client's share
+    assert summary["bounded_p99_s"] <= MAX_WAIT_S + ROUND_S
+    assert {r["status"] for r in records} == {200, 429}  # refused at once or answered, never dropped
+    assert summary["kinds"][f"bulk {bulk_items}"]["answered"] >= 1
+    assert scheduler.refused["overload"] > 0.9 * summary["mix_refused"]  # refused alike, whatever their size
+
+
+def test_at_capacity_refusals_are_few_and_none_is_dropped():
+    records, _ = simulate(1.0, 300, bulk_items=256, seed=0, max_wait_s=MAX_WAIT_S)
+    summary = summarize(records)
+    assert summary["mix_answered_share"] >= 0.9 and {r["status"] for r in records} <= {200, 429}
