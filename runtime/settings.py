@@ -126,10 +126,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Most requests waiting for the device, a hard cap beside SCOREFN_MAX_WAIT_S; beyond it 429 "
             "rate_limit_exceeded."),
     Setting("max_wait_s", "2", _positive_float,
-            "Admission: a request is refused (429 rate_limit_exceeded, Retry-After) when its predicted wait for the "
-            "device plus its own device work would exceed this many seconds; one with more than half of this of its "
-            "own work runs beside the others, one at a time, and must start within it. A device round holds a quarter "
-            "of it, at most 0.5 s."),
+            "Admission: a small request (its own device work within half of this) is refused (429 "
+            "rate_limit_exceeded, Retry-After) when it would not be answered within this many seconds; under "
+            "overload the instance keeps at most 4x this of work queued. A device round holds a quarter of it, at "
+            "most 0.3 s."),
     Setting("request_timeout_s", "30", float,
             "A request still queued after this many seconds is dropped with 503 (its work is not computed)."),
     Setting("api_keys", "", _csv_strs,

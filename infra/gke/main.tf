@@ -16,7 +16,7 @@ locals {
   # Workload Identity Federation principals: IAM grants go to Kubernetes ServiceAccounts directly.
   wi_principal_prefix = "principal://iam.googleapis.com/projects/${data.google_project.this.number}/locations/global/workloadIdentityPools/${local.workload_pool}/subject"
   scorefn_principal   = "${local.wi_principal_prefix}/ns/${var.namespace}/sa/${var.kubernetes_service_account}"
-  # The Custom Metrics Stackdriver Adapter serves prometheus.googleapis.com|scorefn_engine_predicted_wait_seconds|gauge to the HPA.
+  # The Custom Metrics Stackdriver Adapter serves prometheus.googleapis.com|scorefn_engine_load|gauge to the HPA.
   metrics_adapter_principal = "${local.wi_principal_prefix}/ns/custom-metrics/sa/custom-metrics-stackdriver-adapter"
 
   node_scopes = ["https://www.googleapis.com/auth/cloud-platform"]

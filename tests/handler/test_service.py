@@ -271,7 +271,8 @@ def test_metrics(client: Client) -> None:
     assert _sample(text, "scorefn_engine_queue_depth") == 0
     assert _sample(text, "scorefn_engine_device_batches_total") == 1
     assert _sample(text, "scorefn_engine_device_batch_sequences_total") == 3
-    assert _sample(text, "scorefn_engine_predicted_wait_seconds") == 0.75  # the autoscaling signal
+    assert _sample(text, "scorefn_engine_predicted_wait_seconds") == 0.75
+    assert _sample(text, "scorefn_engine_load") == 0.4  # the autoscaling signal
     assert _sample(text, "scorefn_engine_refused_wait_total") == 3
     assert _sample(text, 'scorefn_engine_service_tokens_per_second{kind="full"}') == 900
     assert "# TYPE scorefn_engine_predicted_wait_seconds gauge" in text
