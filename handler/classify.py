@@ -20,17 +20,13 @@ import msgspec
 import numpy as np
 
 from handler import schemas
-from runtime.interface import ScoreResult, ScoringEngine
-from runtime.probability import sigmoid, softmax
 from handler.errors import ApiError
 from handler.http import Scoring, submit_labels
-from handler.validation import _INVALID, _decode, _given, check_sequence, decode_inputs, optional, select_named
-from runtime.tasks.classifiers import Classifier
+from handler.validation import check_count, check_sequence, check_total_tokens, decode_inputs, optional, select_named
+from runtime.interface import ScoreResult, ScoringEngine
+from runtime.probability import sigmoid, softmax
 from runtime.settings import Settings
-
-_TEXT = msgspec.json.Decoder(str)
-_INT = msgspec.json.Decoder(int)
-_BOOL = msgspec.json.Decoder(bool)
+from runtime.tasks.classifiers import Classifier
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,20 +44,15 @@ def validate_classify_request(request: schemas.ClassifyRequest, engine: ScoringE
                               settings: Settings) -> ClassifyJob:
     inputs, _ = decode_inputs(request.input, "input", engine.vocab_size, "classify")
     keep = _truncation(request.truncate_prompt_tokens, engine.max_sequence_length)
-    use_activation = optional(request.use_activation, _BOOL, "use_activation", "a boolean", True)
-    optional(request.user, _TEXT, "user", "a string", None)
-    optional(request.rid, _TEXT, "rid", "a string", None)
-    optional(request.priority, _INT, "priority", "an integer", None)
+    use_activation = optional(request.use_activation, bool, "use_activation", True)
+    optional(request.user, str, "user", None)
+    optional(request.rid, str, "rid", None)
+    optional(request.priority, int, "priority", None)
     classifier = _classifier(request.model, engine)
 
-    if len(inputs) > settings.max_items:
-        raise ApiError("too_many_items",
-                       f"input has {len(inputs)} entries, more than the limit of {settings.max_items}.", "input")
+    check_count(len(inputs), settings.max_items, "input")
     sequences = [_prompt(index, value, classifier, engine, keep) for index, value in enumerate(inputs)]
-    n_tokens = sum(map(len, sequences))
-    if n_tokens > settings.max_total_tokens:
-        raise ApiError("too_many_tokens", f"The request's prompts have {n_tokens} tokens in total, "
-                       f"more than the limit of {settings.max_total_tokens}.", "input")
+    n_tokens = check_total_tokens(sequences, settings.max_total_tokens, "prompts", "input")
     return ClassifyJob(sequences, list(classifier.label_ids), classifier, use_activation, classifier.name, n_tokens)
 
 
@@ -105,12 +96,9 @@ def model_cards(engine: ScoringEngine, created: int) -> list[schemas.ModelCard]:
 
 def _truncation(raw: msgspec.Raw, max_length: int) -> int | None:
     """How many trailing tokens of each prompt to keep; None: never truncate."""
-    if not _given(raw):
+    value = optional(raw, int, "truncate_prompt_tokens", None)
+    if value is None:
         return None
-    value = _decode(_INT, raw, "truncate_prompt_tokens")
-    if value is _INVALID:
-        raise ApiError("invalid_truncate_prompt_tokens_type", "truncate_prompt_tokens must be an integer",
-                       "truncate_prompt_tokens")
     if value == -1:
         return max_length
     if not 1 <= value <= max_length:

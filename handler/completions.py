@@ -29,15 +29,11 @@ import msgspec
 from handler import schemas
 from handler.errors import ApiError
 from handler.http import Scoring
-from handler.validation import _given, check_sequence, decode_inputs, optional, require_language_model, served_model
+from handler.validation import (check_count, check_sequence, check_total_tokens, decode_inputs, is_given, optional,
+                                require_language_model, served_model)
 from runtime.interface import Sampling, ScoringEngine, TokenLogprobs, TokenLogprobsResult
 from runtime.settings import Settings
 
-_INT = msgspec.json.Decoder(int)
-_BOOL = msgspec.json.Decoder(bool)
-_NUMBER = msgspec.json.Decoder(float)
-_TEXT = msgspec.json.Decoder(str)
-_STOP = msgspec.json.Decoder(str | list[str])
 MAX_LOGPROBS = 20  # OpenAI's limit (runtime.interface.MAX_TOP_LOGPROBS computes as many)
 MAX_STOP = 4
 
@@ -61,34 +57,29 @@ def validate_completion_request(request: schemas.CompletionRequest, engine: Scor
     require_language_model(engine)
     prompts, _ = decode_inputs(request.prompt, "prompt", engine.vocab_size, "score", blank_ok=True)
     max_tokens = _max_tokens(request.max_tokens)
-    echo = optional(request.echo, _BOOL, "echo", "a boolean", False)
-    logprobs = _bounded(request.logprobs, _INT, "logprobs", "an integer", None, 0, MAX_LOGPROBS)
-    temperature = _bounded(request.temperature, _NUMBER, "temperature", "a number", 1.0, 0.0, 2.0)
-    _only(request.top_p, _NUMBER, "top_p", "a number", 1.0, "nucleus truncation is not supported")
-    seed = optional(request.seed, _INT, "seed", "an integer", None)
+    echo = optional(request.echo, bool, "echo", False)
+    logprobs = _bounded(request.logprobs, int, "logprobs", None, 0, MAX_LOGPROBS)
+    temperature = _bounded(request.temperature, float, "temperature", 1.0, 0.0, 2.0)
+    _only(request.top_p, float, "top_p", 1.0, "nucleus truncation is not supported")
+    seed = optional(request.seed, int, "seed", None)
     stop = _stop(request.stop)
-    _only(request.n, _INT, "n", "an integer", 1, "one choice per prompt is returned")
-    _only(request.best_of, _INT, "best_of", "an integer", 1, "one choice per prompt is returned")
-    if optional(request.stream, _BOOL, "stream", "a boolean", False):
+    _only(request.n, int, "n", 1, "one choice per prompt is returned")
+    _only(request.best_of, int, "best_of", 1, "one choice per prompt is returned")
+    if optional(request.stream, bool, "stream", False):
         raise ApiError("stream_not_supported", "stream must be false: a completion of at most one token is "
                        "answered whole.", "stream")
-    if optional(request.suffix, _TEXT, "suffix", "a string", ""):
+    if optional(request.suffix, str, "suffix", ""):
         raise ApiError("suffix_not_supported", "suffix must be empty: inserting text needs the text after the "
                        "completion, which a prefill of the prompt does not read.", "suffix")
     for penalty in ("presence_penalty", "frequency_penalty"):  # they cannot change a first token
-        _bounded(getattr(request, penalty), _NUMBER, penalty, "a number", 0.0, -2.0, 2.0)
-    optional(request.user, _TEXT, "user", "a string", None)
+        _bounded(getattr(request, penalty), float, penalty, 0.0, -2.0, 2.0)
+    optional(request.user, str, "user", None)
     model = served_model(request.model, engine.model_id)
 
-    if len(prompts) > settings.max_items:
-        raise ApiError("too_many_items", f"prompt has {len(prompts)} entries, more than the limit of "
-                       f"{settings.max_items}.", "prompt")
+    check_count(len(prompts), settings.max_items, "prompt")
     texts = list(prompts) if isinstance(prompts[0], str) else None
     sequences = [_tokens(i, prompt, engine) for i, prompt in enumerate(prompts)]
-    n_tokens = sum(map(len, sequences))
-    if n_tokens > settings.max_total_tokens:
-        raise ApiError("too_many_tokens", f"The request's prompts have {n_tokens} tokens in total, more than the "
-                       f"limit of {settings.max_total_tokens}.", "prompt")
+    n_tokens = check_total_tokens(sequences, settings.max_total_tokens, "prompts", "prompt")
     # Without a seed each prompt draws from a fresh generator; with one, the same seed for each prompt.
     seeds = [seed if seed is not None else random.getrandbits(32) for _ in sequences]
     sampling = [Sampling(temperature, s) for s in seeds]
@@ -169,10 +160,10 @@ def _logprobs(job: CompletionJob, prompt: list[int], found: TokenLogprobs,
 # ---- fields ---------------------------------------------------------------------------------------------
 
 def _max_tokens(raw: msgspec.Raw) -> int:
-    if not _given(raw):
+    if not is_given(raw):
         raise ApiError("generation_not_supported", "max_tokens is required and must be 0 or 1: this server scores "
                        "prompts with one prefill and does not generate (OpenAI's default of 16 would).", "max_tokens")
-    value = optional(raw, _INT, "max_tokens", "an integer", None)
+    value = optional(raw, int, "max_tokens", None)
     if value < 0:
         raise ApiError("invalid_max_tokens", f"max_tokens must be 0 or 1; got {value}.", "max_tokens")
     if value > 1:
@@ -181,24 +172,23 @@ def _max_tokens(raw: msgspec.Raw) -> int:
     return value
 
 
-def _bounded(raw: msgspec.Raw, decoder: msgspec.json.Decoder, name: str, kind: str, default, low, high):
-    value = optional(raw, decoder, name, kind, default)
+def _bounded(raw: msgspec.Raw, type_: type, name: str, default, low, high):
+    value = optional(raw, type_, name, default)
     if value is not None and not low <= value <= high:
         raise ApiError(f"invalid_{name}", f"{name} must be between {low} and {high}; got {value}.", name)
     return value
 
 
-def _only(raw: msgspec.Raw, decoder: msgspec.json.Decoder, name: str, kind: str, allowed, why: str) -> None:
-    value = optional(raw, decoder, name, kind, allowed)
+def _only(raw: msgspec.Raw, type_: type, name: str, allowed, why: str) -> None:
+    value = optional(raw, type_, name, allowed)
     if value != allowed:
         raise ApiError(f"invalid_{name}", f"{name} must be {allowed}: {why}; got {value}.", name)
 
 
 def _stop(raw: msgspec.Raw) -> tuple[str, ...]:
-    value = optional(raw, _STOP, "stop", "a string or a list of strings", ())
+    value = optional(raw, str | list[str], "stop", (), "a string or a list of strings")
     stops = (value,) if isinstance(value, str) else tuple(value)
-    if len(stops) > MAX_STOP:
-        raise ApiError("invalid_stop", f"stop has {len(stops)} entries, more than the limit of {MAX_STOP}.", "stop")
+    check_count(len(stops), MAX_STOP, "stop", "invalid_stop")
     return tuple(s for s in stops if s)
 
 

@@ -20,18 +20,13 @@ import msgspec
 import numpy as np
 
 from handler import schemas
-from runtime.interface import ScoreResult, ScoringEngine
-from runtime.probability import sigmoid
 from handler.errors import ApiError
 from handler.http import Scoring, submit_labels
-from handler.validation import _INVALID, _decode, _given, check_sequence, optional, select_named
-from runtime.tasks.rerankers import Reranker
+from handler.validation import check_count, check_sequence, check_total_tokens, optional, required, select_named
+from runtime.interface import ScoreResult, ScoringEngine
+from runtime.probability import sigmoid
 from runtime.settings import Settings
-
-_TEXT = msgspec.json.Decoder(str)
-_DOCUMENTS = msgspec.json.Decoder(list[str | schemas.TextDocument])
-_INT = msgspec.json.Decoder(int)
-_BOOL = msgspec.json.Decoder(bool)
+from runtime.tasks.rerankers import Reranker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,19 +46,14 @@ def validate_rerank_request(request: schemas.RerankRequest, engine: ScoringEngin
     query = _query(request.query)
     documents = _documents(request.documents)
     top_n = _positive(request.top_n, "top_n", len(documents))
-    return_documents = optional(request.return_documents, _BOOL, "return_documents", "a boolean", True)
+    return_documents = optional(request.return_documents, bool, "return_documents", True)
     max_tokens = _positive(request.max_tokens_per_doc, "max_tokens_per_doc", None)
     reranker = _reranker(request.model, engine)
 
-    if len(documents) > settings.max_items:
-        raise ApiError("too_many_items", f"documents has {len(documents)} entries, more than the limit of "
-                       f"{settings.max_items}.", "documents")
+    check_count(len(documents), settings.max_items, "documents")
     sequences = [_pair(index, query, document, reranker, engine, max_tokens)
                  for index, document in enumerate(documents)]
-    n_tokens = sum(map(len, sequences))
-    if n_tokens > settings.max_total_tokens:
-        raise ApiError("too_many_tokens", f"The request's query-document pairs have {n_tokens} tokens in total, "
-                       f"more than the limit of {settings.max_total_tokens}.", "documents")
+    n_tokens = check_total_tokens(sequences, settings.max_total_tokens, "query-document pairs", "documents")
     return RerankJob(sequences, list(reranker.label_ids), reranker, documents, min(top_n, len(documents)),
                      return_documents, reranker.name, n_tokens)
 
@@ -104,23 +94,15 @@ def reranker_cards(engine: ScoringEngine, cards: list[schemas.ModelCard], create
 # ---- fields ---------------------------------------------------------------------------------------------
 
 def _query(raw: msgspec.Raw) -> str:
-    if not _given(raw):
-        raise ApiError("missing_query", "query is required", "query")
-    query = _decode(_TEXT, raw, "query")
-    if query is _INVALID:
-        raise ApiError("invalid_query_type", "query must be a string", "query")
+    query = required(raw, str, "query")
     if not query.strip():
         raise ApiError("empty_query", "query cannot be empty or whitespace only", "query")
     return query
 
 
 def _documents(raw: msgspec.Raw) -> list[str]:
-    if not _given(raw):
-        raise ApiError("missing_documents", "documents is required", "documents")
-    documents = _decode(_DOCUMENTS, raw, "documents")
-    if documents is _INVALID:
-        raise ApiError("invalid_documents_type", "documents must be a list of strings or of objects with a string "
-                       "`text`", "documents")
+    documents = required(raw, list[str | schemas.TextDocument], "documents",
+                         "a list of strings or of objects with a string `text`")
     if not documents:
         raise ApiError("empty_documents", "documents cannot be empty. At least one document is required.",
                        "documents")
@@ -128,11 +110,9 @@ def _documents(raw: msgspec.Raw) -> list[str]:
 
 
 def _positive(raw: msgspec.Raw, name: str, default: Any) -> Any:
-    if not _given(raw):
+    value = optional(raw, int, name, None)
+    if value is None:
         return default
-    value = _decode(_INT, raw, name)
-    if value is _INVALID:
-        raise ApiError(f"invalid_{name}_type", f"{name} must be an integer", name)
     if value < 1:
         raise ApiError(f"invalid_{name}", f"{name} must be at least 1; got {value}.", name)
     return value

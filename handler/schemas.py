@@ -1,9 +1,21 @@
 """Every request and response body as a frozen msgspec Struct, with the encoder and decoders built once.
 
-Request structs hold their fields as `msgspec.Raw` (the field's JSON text, undecoded): msgspec cannot decode
-`list[str] | list[list[int]]`, and RFC-006 wants each field's own error code in a fixed order, so
-handler.validation decodes the fields one by one. Their `extra_json_schema` documents the real types for OpenAPI.
-Unknown fields are ignored (msgspec's default); an optional field given as null counts as absent.
+Request structs hold their fields as `msgspec.Raw` (the field's JSON text, undecoded), and each endpoint decodes
+them one by one in RFC-006's order (handler.validation's `required`, `optional`, `decode_field`). Their
+`extra_json_schema` documents the real types for OpenAPI. Unknown fields are ignored (msgspec's default); an
+optional field given as null counts as absent.
+
+No field is typed in the struct, not even a boolean: for every field, a type checked by msgspec while it
+decodes the body would change which error some request gets, or its text (tests/handler pins them):
+- msgspec stops at the first wrongly typed field in document order, before it has read the rest of the body:
+  `{"apply_softmax": "x", "query": [` would be that field's error instead of invalid_json, and it would come
+  before every check RFC-006 orders ahead of it (a missing `query`, an empty `items`, model_not_supported...);
+- a key given twice counts once, the last value: `{"echo": 1, "echo": true}` is valid today, but a typed field
+  fails on the first value;
+- its error is one ValidationError for the whole body ("Expected `bool | null`, got `str` - at `$.echo`"),
+  which decode_body answers as invalid_body_type, not as invalid_<field>_type with RFC-006's message;
+- the input fields (`input`, `prompt`, /v1/score's `items`) cannot be typed at all: msgspec decodes no union
+  of two list types (`list[str] | list[list[int]]`), and `[]` must be read in a fixed order.
 """
 
 from __future__ import annotations

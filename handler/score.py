@@ -18,18 +18,12 @@ import numpy as np
 from handler import schemas
 from handler.errors import ApiError
 from handler.http import Scoring, submit_labels
-from handler.validation import (_INVALID, _check_token_range, _decode, _fits_int64, _given, check_sequence, optional,
-                                require_language_model, served_model)
+from handler.validation import (INVALID, check_count, check_sequence, check_token_range, check_total_tokens,
+                                decode_field, fits_int64, is_given, optional, require_language_model, required,
+                                served_model)
 from runtime.interface import ScoreResult, ScoringEngine
 from runtime.probability import softmax
 from runtime.settings import Settings
-
-_TEXT_OR_TOKENS = msgspec.json.Decoder(str | list[int])
-_TEXTS = msgspec.json.Decoder(list[str])
-_TOKEN_LISTS = msgspec.json.Decoder(list[list[int]])
-_INTS = msgspec.json.Decoder(list[int])
-_ANY_LIST = msgspec.json.Decoder(list[msgspec.Raw])
-_BOOL = msgspec.json.Decoder(bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,22 +42,14 @@ def validate_score_request(request: schemas.ScoreRequest, engine: ScoringEngine,
     query = _query(request.query, vocab_size)
     items = _items(request.items, isinstance(query, str), vocab_size)
     label_ids = _labels(request.label_token_ids, vocab_size)
-    apply_softmax = optional(request.apply_softmax, _BOOL, "apply_softmax", "a boolean", False)
-    item_first = optional(request.item_first, _BOOL, "item_first", "a boolean", False)
+    apply_softmax = optional(request.apply_softmax, bool, "apply_softmax", False)
+    item_first = optional(request.item_first, bool, "item_first", False)
     model = served_model(request.model, engine.model_id)
 
-    if len(items) > settings.max_items:
-        raise ApiError("too_many_items",
-                       f"items has {len(items)} entries, more than the limit of {settings.max_items}.", "items")
-    if len(label_ids) > settings.max_labels:
-        raise ApiError("too_many_labels", f"label_token_ids has {len(label_ids)} entries, "
-                       f"more than the limit of {settings.max_labels}.", "label_token_ids")
-
+    check_count(len(items), settings.max_items, "items")
+    check_count(len(label_ids), settings.max_labels, "label_token_ids", "too_many_labels")
     sequences = _sequences(query, items, item_first, engine)
-    n_tokens = sum(map(len, sequences))
-    if n_tokens > settings.max_total_tokens:
-        raise ApiError("too_many_tokens", f"The request's sequences have {n_tokens} tokens in total, "
-                       f"more than the limit of {settings.max_total_tokens}.", "items")
+    n_tokens = check_total_tokens(sequences, settings.max_total_tokens, "sequences", "items")
     return ScoreJob(sequences, label_ids, apply_softmax, model, n_tokens)
 
 
@@ -84,27 +70,28 @@ SCORE = Scoring(schemas.SCORE_REQUEST_DECODER, validate_score_request, submit_la
 
 # ---- fields ---------------------------------------------------------------------------------------------
 
+_QUERY_KIND = "a string or list of integers"
+
+
 def _query(raw: msgspec.Raw, vocab_size: int) -> str | list[int]:
-    if not _given(raw):
-        raise ApiError("missing_query", "query is required", "query")
-    query = _decode(_TEXT_OR_TOKENS, raw, "query")
-    if query is _INVALID or (isinstance(query, list) and not _fits_int64(query)):
-        raise ApiError("invalid_query_type", "query must be a string or list of integers", "query")
+    query = required(raw, str | list[int], "query", _QUERY_KIND)
+    if isinstance(query, list) and not fits_int64(query):
+        raise ApiError("invalid_query_type", f"query must be {_QUERY_KIND}", "query")
     if len(query) == 0:  # "" and [] alike: there is no context to score
         raise ApiError("empty_query", "query cannot be empty", "query")
     if isinstance(query, list):
-        _check_token_range(query, "query", vocab_size)
+        check_token_range(query, "query", vocab_size)
     return query
 
 
 def _items(raw: msgspec.Raw, query_is_text: bool, vocab_size: int) -> list[str] | list[list[int]]:
-    if not _given(raw):
+    if not is_given(raw):
         raise ApiError("missing_items", "items is required", "items")
-    items = _decode(_TEXTS, raw, "items")
-    items_are_text = items is not _INVALID
+    items = decode_field(raw, list[str], "items")
+    items_are_text = items is not INVALID
     if not items_are_text:
-        items = _decode(_TOKEN_LISTS, raw, "items")
-    if items is _INVALID or (not items_are_text and not all(map(_fits_int64, items))):
+        items = decode_field(raw, list[list[int]], "items")
+    if items is INVALID or (not items_are_text and not all(map(fits_int64, items))):
         raise ApiError("invalid_items_type", "items must be a list of strings or list of token ID lists", "items")
     if not items:
         raise ApiError("empty_items", "items cannot be empty. At least one item is required.", "items")
@@ -114,7 +101,7 @@ def _items(raw: msgspec.Raw, query_is_text: bool, vocab_size: int) -> list[str] 
     if not items_are_text:
         for item in items:
             if item:  # an empty item [] is allowed, like ""
-                _check_token_range(item, "items", vocab_size)
+                check_token_range(item, "items", vocab_size)
     return items
 
 
@@ -123,21 +110,21 @@ def _mode(is_text: bool) -> str:
 
 
 def _labels(raw: msgspec.Raw, vocab_size: int) -> list[int]:
-    if not _given(raw):
+    if not is_given(raw):
         raise ApiError("missing_label_token_ids", "label_token_ids is required", "label_token_ids")
-    labels = _decode(_INTS, raw, "label_token_ids")
-    if labels is _INVALID:
-        if _decode(_ANY_LIST, raw, "label_token_ids") is _INVALID:
+    labels = decode_field(raw, list[int], "label_token_ids")
+    if labels is INVALID:
+        if decode_field(raw, list[msgspec.Raw], "label_token_ids") is INVALID:
             raise ApiError("invalid_label_token_ids_type", "label_token_ids must be a list of integers",
                            "label_token_ids")
         raise ApiError("invalid_token_id_type", "label_token_ids must contain only integers", "label_token_ids")
     if not labels:
         raise ApiError("empty_label_token_ids",
                        "label_token_ids cannot be empty. At least one label token ID is required.", "label_token_ids")
-    if not _fits_int64(labels):
+    if not fits_int64(labels):
         raise ApiError("invalid_token_id_type",
                        "label_token_ids must contain only integers (within the signed 64-bit range)", "label_token_ids")
-    _check_token_range(labels, "label_token_ids", vocab_size)
+    check_token_range(labels, "label_token_ids", vocab_size)
     return labels
 
 

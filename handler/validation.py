@@ -1,12 +1,16 @@
-"""Validation shared by every endpoint: the body, typed optional fields, token IDs, inputs, `model`.
+"""Validation shared by every endpoint: the body, one field of a given type, token IDs, inputs, the size
+limits, `model`.
 
-Type checks are msgspec's strict ones: `true`/`1`/`"true"` are not interchangeable, `2.5`/`"3"` are not IDs.
-A JSON null counts as the field being absent. Each endpoint's own rules are in its module (handler.score,
-handler.classify, handler.rerank, handler.completions).
+The request structs hold each field as `msgspec.Raw` (handler.schemas says why); `required`, `optional` and
+`decode_field` decode one field at the point the endpoint's order reaches it. Type checks are msgspec's strict
+ones: `true`/`1`/`"true"` are not interchangeable, `2.5`/`"3"` are not IDs. A JSON null counts as the field being
+absent. Each endpoint's own rules are in its module (handler.score, handler.classify, handler.rerank,
+handler.completions).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import msgspec
@@ -16,17 +20,15 @@ from handler.schemas import TokenizeRequest
 from runtime.interface import ScoringEngine
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INVALID = object()  # decode_field's answer for a value of the wrong type
 _SHOWN_VALUES = 10  # negative IDs listed in a message
 _SHOWN_CHARS = 200  # of a client string echoed in a message
 
 _NULL = msgspec.Raw(b"null")
-_INVALID = object()
-
-_BOOL = msgspec.json.Decoder(bool)
-_STR = msgspec.json.Decoder(str)
-# (decoder, whether the value is a list of inputs) in the order tried: `[]` reads as an empty list of texts.
-_INPUT_FORMS = ((msgspec.json.Decoder(str), False), (msgspec.json.Decoder(list[str]), True),
-                (msgspec.json.Decoder(list[int]), False), (msgspec.json.Decoder(list[list[int]]), True))
+# How a type is named in an invalid_<name>_type message ("<name> must be <kind>").
+_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+# (type, whether the value is a list of inputs) in the order tried: `[]` reads as an empty list of texts.
+_INPUT_FORMS = ((str, False), (list[str], True), (list[int], False), (list[list[int]], True))
 
 
 def decode_body(decoder: msgspec.json.Decoder, body: bytes) -> Any:
@@ -49,44 +51,69 @@ def decode_body(decoder: msgspec.json.Decoder, body: bytes) -> Any:
 
 
 def validate_tokenize_request(request: TokenizeRequest) -> tuple[str, bool]:
-    if not _given(request.text):
-        raise ApiError("missing_text", "text is required", "text")
-    text = _decode(_STR, request.text, "text")
-    if text is _INVALID:
-        raise ApiError("invalid_text_type", "text must be a string", "text")
-    add_special_tokens = optional(request.add_special_tokens, _BOOL, "add_special_tokens", "a boolean", False)
+    text = required(request.text, str, "text")
+    add_special_tokens = optional(request.add_special_tokens, bool, "add_special_tokens", False)
     return text, add_special_tokens
 
 
-def optional(raw: msgspec.Raw, decoder: msgspec.json.Decoder, name: str, kind: str, default: Any) -> Any:
-    """An optional field (absent or null: `default`) of the decoder's type, else invalid_<name>_type."""
-    if not _given(raw):
+# ---- one field ------------------------------------------------------------------------------------------
+
+def is_given(raw: msgspec.Raw) -> bool:
+    """Whether a request field was sent: absent (UNSET) and JSON null both count as not given."""
+    return raw is not msgspec.UNSET and raw != _NULL
+
+
+def decode_field(raw: msgspec.Raw, type_: Any, param: str) -> Any:
+    """A given field's JSON as `type_` (msgspec's strict types), or INVALID when it is not one."""
+    try:
+        return _decoder(type_).decode(raw)
+    except msgspec.ValidationError:  # wrong type, or a number beyond float range (1e400)
+        return INVALID
+    except msgspec.DecodeError as exc:
+        # Malformed JSON inside the field that the body's decode let through: a safeguard (msgspec 0.22 already
+        # rejects a lone surrogate escape, "\ud800", while it skips over a Raw field).
+        raise ApiError("invalid_json", f"{param} is not valid JSON: {exc}", param) from None
+
+
+def required(raw: msgspec.Raw, type_: Any, name: str, kind: str | None = None) -> Any:
+    """A required field of `type_`: missing_<name> when absent or null, invalid_<name>_type ("<name> must be
+    <kind>"; `kind` defaults to the type's name for bool, int, float and str) when of another type."""
+    kind = kind or _KINDS[type_]  # up front: a type with no kind fails on every call, not only on a wrong value
+    if not is_given(raw):
+        raise ApiError(f"missing_{name}", f"{name} is required", name)
+    return _typed(raw, type_, name, kind)
+
+
+def optional(raw: msgspec.Raw, type_: Any, name: str, default: Any, kind: str | None = None) -> Any:
+    """An optional field of `type_` (absent or null: `default`), else as `required`'s invalid_<name>_type."""
+    kind = kind or _KINDS[type_]
+    if not is_given(raw):
         return default
-    value = _decode(decoder, raw, name)
-    if value is _INVALID:
+    return _typed(raw, type_, name, kind)
+
+
+def _typed(raw: msgspec.Raw, type_: Any, name: str, kind: str) -> Any:
+    value = decode_field(raw, type_, name)
+    if value is INVALID:
         raise ApiError(f"invalid_{name}_type", f"{name} must be {kind}", name)
     return value
 
 
-def _given(raw: msgspec.Raw) -> bool:
-    return raw is not msgspec.UNSET and raw != _NULL
+@functools.cache
+def _decoder(type_: Any) -> msgspec.json.Decoder:
+    return msgspec.json.Decoder(type_)  # built once per type: msgspec caches type information inside a decoder
 
 
-def _decode(decoder: msgspec.json.Decoder, raw: msgspec.Raw, param: str) -> Any:
-    try:
-        return decoder.decode(raw)
-    except msgspec.ValidationError:  # wrong type, or a number beyond float range (1e400)
-        return _INVALID
-    except msgspec.DecodeError as exc:  # e.g. a lone surrogate escape ("\ud800"), which only a typed decode sees
-        raise ApiError("invalid_json", f"{param} is not valid JSON: {exc}", param) from None
+# ---- token IDs, inputs, limits --------------------------------------------------------------------------
 
-
-def _fits_int64(ids: list[int]) -> bool:
-    # msgspec decodes integers of any size; beyond int64 no engine or NumPy array can hold them.
+def fits_int64(ids: list[int]) -> bool:
+    """Whether every ID fits in int64: msgspec decodes integers of any size, but no engine or NumPy array holds
+    one beyond that."""
     return not ids or (min(ids) >= INT64_MIN and max(ids) <= INT64_MAX)
 
 
-def _check_token_range(ids: list[int], param: str, vocab_size: int) -> None:
+def check_token_range(ids: list[int], param: str, vocab_size: int) -> None:
+    """Non-empty `ids` within [0, vocab_size): negative_token_id, token_id_exceeds_vocab."""
     if min(ids) < 0:
         negatives = [i for i in ids if i < 0][:_SHOWN_VALUES]
         raise ApiError("negative_token_id", f"{param} cannot contain negative values. Got: {negatives}", param)
@@ -96,24 +123,41 @@ def _check_token_range(ids: list[int], param: str, vocab_size: int) -> None:
                        f"size {vocab_size} (valid IDs are 0 to {vocab_size - 1})", param)
 
 
+def check_count(count: int, limit: int, param: str, code: str = "too_many_items") -> None:
+    """At most `limit` entries in the list field `param`: too_many_items (every scoring endpoint's inputs), or
+    the `code` given (/v1/score's too_many_labels, /v1/completions' invalid_stop)."""
+    if count > limit:
+        raise ApiError(code, f"{param} has {count} entries, more than the limit of {limit}.", param)
+
+
+def check_total_tokens(sequences: list[list[int]], limit: int, what: str, param: str) -> int:
+    """The request's tokens in total (usage.prompt_tokens), at most `limit` (too_many_tokens); `what` names the
+    sequences in the message ("prompts", "query-document pairs")."""
+    n_tokens = sum(map(len, sequences))
+    if n_tokens > limit:
+        raise ApiError("too_many_tokens", f"The request's {what} have {n_tokens} tokens in total, "
+                       f"more than the limit of {limit}.", param)
+    return n_tokens
+
+
 def decode_inputs(raw: msgspec.Raw, name: str, vocab_size: int, purpose: str,
                   blank_ok: bool = False) -> tuple[list[str] | list[list[int]], bool]:
     """A field that is a text, a list of texts, token IDs or a list of token-ID lists (/v1/classify's `input`,
     /v1/completions' `prompt`): (the inputs as a list, whether the field was a list). Codes: missing_<name>,
     invalid_<name>_type, empty_<name> (also for an empty element; for a whitespace-only text unless
     `blank_ok`), and the token-range codes. `purpose` ends the empty message: "there is nothing to <purpose>"."""
-    if not _given(raw):
+    if not is_given(raw):
         raise ApiError(f"missing_{name}", f"{name} is required", name)
-    for decoder, is_list in _INPUT_FORMS:
-        value = _decode(decoder, raw, name)
-        if value is not _INVALID:
+    for form, is_list in _INPUT_FORMS:
+        value = decode_field(raw, form, name)
+        if value is not INVALID:
             break
     else:
         raise ApiError(f"invalid_{name}_type", f"{name} must be a string, a list of strings, a list of token IDs "
                        "or a list of token-ID lists", name)
     inputs = value if is_list else [value]
     tokens = bool(inputs) and isinstance(inputs[0], list)
-    if tokens and not all(map(_fits_int64, inputs)):
+    if tokens and not all(map(fits_int64, inputs)):
         raise ApiError(f"invalid_{name}_type", f"{name} token IDs must be integers within the signed 64-bit range",
                        name)
     if not inputs:
@@ -125,17 +169,15 @@ def decode_inputs(raw: msgspec.Raw, name: str, vocab_size: int, purpose: str,
             raise ApiError(f"empty_{name}", f"{where} is empty{blank}; there is nothing to {purpose}.", name)
     if tokens:
         for item in inputs:
-            _check_token_range(item, name, vocab_size)
+            check_token_range(item, name, vocab_size)
     return inputs, is_list
 
 
 def served_model(raw: msgspec.Raw, model_id: str) -> str:
     """`model`: absent, null or the served model's id; anything else is model_not_found."""
-    if not _given(raw):
+    model = optional(raw, str, "model", None)
+    if model is None:
         return model_id
-    model = _decode(_STR, raw, "model")
-    if model is _INVALID:
-        raise ApiError("invalid_model_type", "model must be a string", "model")
     if model != model_id:
         shown = model if len(model) <= _SHOWN_CHARS else model[:_SHOWN_CHARS] + "..."
         raise ApiError("model_not_found", f"Model '{shown}' not found. Available models: ['{model_id}']", "model")
@@ -145,7 +187,7 @@ def served_model(raw: msgspec.Raw, model_id: str) -> str:
 def select_named(raw: msgspec.Raw, choices: tuple, model_id: str, kind: str, missing: str) -> Any:
     """`model` naming one of `choices` (classifiers, rerankers; each has a `.name`): absent, null or the served
     model's own id select the first. `missing` says how to get one when there is none (model_not_supported)."""
-    name = optional(raw, _STR, "model", "a string", None)
+    name = optional(raw, str, "model", None)
     if not choices:
         raise ApiError("model_not_supported", f"The served model '{model_id}' has no {kind}: {missing}")
     if name is None or (name == model_id and name not in (c.name for c in choices)):

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
-from runtime.model.weights import WeightsError
+from runtime.model.errors import WeightsError
 
 log = logging.getLogger("scorefn.runtime")
 

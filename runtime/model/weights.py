@@ -14,15 +14,13 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from runtime.model.config import ModelConfig, ModelConfigError
-
-
-class WeightsError(ValueError):
-    """The checkpoint's tensors do not match its config."""
+from runtime.model.errors import WeightsError  # raised here and by runtime.model.gguf; imported from here
+from runtime.model.gguf import GGUF_WEIGHTS, read_gguf_weights
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    name: str  # name in runtime.model.transformer.Llama's `arrays`
+    name: str  # name in runtime.model.transformer.Transformer's `arrays`
     layer: int | None  # index along the stacked layer axis, None for unstacked tensors
     hf_shape: tuple[int, ...]  # shape as stored in the checkpoint
     transpose: bool  # torch Linear [out, in] -> [in, out]
@@ -216,8 +214,6 @@ def read_safetensors(model_dir: Path, cfg: ModelConfig) -> Iterator[tuple[str, n
 
 
 def load_arrays(model_dir: str | Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    from runtime.model.gguf import GGUF_WEIGHTS, read_gguf_weights  # gguf imports this module's WeightsError
-
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelConfigError(f"{model_dir}: not a directory")
