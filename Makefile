@@ -20,7 +20,7 @@ TORCH_FIND_LINKS ?= $(if $(wildcard /opt/wheels/torch-*),/opt/wheels,https://dow
 export TORCH_FIND_LINKS
 SYNC = $(UV) pip sync --quiet --require-hashes --python $(PY)
 
-.PHONY: serve serve-check test bench loadtest warmup setup setup-test setup-aot lock image-check clean
+.PHONY: serve serve-check test bench loadtest warmup setup setup-test setup-aot lock docs image-check clean
 
 $(UV): lock/uv.txt
 	$(PYTHON) -m venv $(UV_VENV)
@@ -86,6 +86,12 @@ loadtest: setup-test
 # Regenerate lock/ after a change to pyproject.toml's dependencies or extras (scripts/lock.sh says what each file is).
 lock: $(UV)
 	UV=$(UV) bash scripts/lock.sh
+
+# The documentation site (mkdocs.yml, docs/) into .cache/site; --strict: a broken link, anchor or generated table fails.
+# NO_MKDOCS_2_WARNING silences Material for MkDocs' end-of-life notice (docs/development.md, "These docs").
+DOCS_DIR ?= .cache/site
+docs: $(VENV)/.test-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(DOCS_DIR)
 
 # Build the cpu image with podman and check it as Cloud Run / Kubernetes run it (scripts/image_check.py).
 image-check:

@@ -109,7 +109,7 @@ def _truncation(raw: msgspec.Raw, max_length: int) -> int | None:
 
 def _classifier(raw: msgspec.Raw, engine: ScoringEngine) -> Classifier:
     return select_named(raw, engine.classifiers, engine.model_id, "classifier", "declare a prompt-verbalizer "
-                        "classifier in SCOREFN_CLASSIFIERS (see the README).")
+                        "classifier in SCOREFN_CLASSIFIERS (see docs/api/classify.md).")
 
 
 def _prompt(index: int, value: str | list[int], classifier: Classifier, engine: ScoringEngine,

@@ -120,7 +120,7 @@ def _positive(raw: msgspec.Raw, name: str, default: Any) -> Any:
 
 def _reranker(raw: msgspec.Raw, engine: ScoringEngine) -> Reranker:
     return select_named(raw, engine.rerankers, engine.model_id, "reranker", "declare one in SCOREFN_RERANKERS, or "
-                        "serve a one-label sequence-classification model (see the README).")
+                        "serve a one-label sequence-classification model (see docs/api/rerank.md).")
 
 
 def _pair(index: int, query: str, document: str, reranker: Reranker, engine: ScoringEngine,

@@ -275,12 +275,12 @@ def test_sentiment_prompt_helper_matches_the_classifier() -> None:
     assert SENTIMENT.render(TEXT) == PREFIX + TEXT + SUFFIX
 
 
-def test_classify_error_codes_are_in_the_readme() -> None:
+def test_classify_error_codes_are_on_its_page() -> None:
     from pathlib import Path
 
     from handler.errors import ERRORS
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "api" / "classify.md").read_text()
     codes = [code for code in ERRORS if code.endswith(("_input", "_input_type", "truncate_prompt_tokens",
                                                        "truncate_prompt_tokens_type", "use_activation_type",
                                                        "user_type", "rid_type", "priority_type"))]

@@ -255,8 +255,8 @@ def test_openapi_documents_rerank() -> None:
         assert "422" not in operation["responses"]
 
 
-def test_rerank_error_codes_are_in_the_readme() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_rerank_error_codes_are_on_its_page() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "api" / "rerank.md").read_text()
     codes = [code for code in ERRORS if code.endswith(("_documents", "_documents_type", "top_n", "top_n_type",
                                                        "max_tokens_per_doc", "max_tokens_per_doc_type"))]
     assert len(codes) == 8

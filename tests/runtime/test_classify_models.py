@@ -175,17 +175,17 @@ def test_verbalizer_truncation_and_models(embedded_service):
         ("SmolLM2-135M-Instruct", None), ("sentiment", ["positive", "negative"]), ("relevance", None)]  # + reranker
 
 
-# ---- a ShieldGemma-style declaration (the README's) on a tiny Gemma 2 --------------------------------
+# ---- a ShieldGemma-style declaration (the docs') on a tiny Gemma 2 --------------------------------
 
 def test_the_readme_shieldgemma_declaration_works_on_a_tiny_gemma2(tmp_path, cache_dir, embedded_dir):
-    """The README's TOML as SCOREFN_CLASSIFIERS on a random Gemma 2 (soft-caps, a sliding and a global layer) with
+    """The TOML of docs/api/classify.md as SCOREFN_CLASSIFIERS on a random Gemma 2 (soft-caps, a sliding and a global layer) with
     SmolLM2's tokenizer: probs are transformers' softmax over the Yes and No logits at the last position."""
     import torch
 
     from tests.conftest import REPO
 
-    readme = (REPO / "README.md").read_text()
-    (block,) = [b for b in (part.split("```")[0] for part in readme.split("```toml\n")[1:]) if "shieldgemma" in b]
+    page = (REPO / "docs" / "api" / "classify.md").read_text()
+    (block,) = [b for b in (part.split("```")[0] for part in page.split("```toml\n")[1:]) if "shieldgemma" in b]
     (tmp_path / "classifiers.toml").write_text(block)
     model_dir = tmp_path / "gemma2"
     model = tiny_served("gemma2", model_dir, embedded_dir, sliding_window=64, attn_logit_softcapping=5.0,

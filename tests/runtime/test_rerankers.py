@@ -229,13 +229,13 @@ def test_bad_reranker_fails_warm_up_loudly(cache_dir, tmp_path, caplog):
     assert "reranker 'moody': `yes` word ' grumpily' is" in str(record.exc_info[1])
 
 
-def test_the_readme_declarations_parse_and_show_the_builtin():
+def test_the_documented_declarations_parse_and_show_the_builtin():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    (block,) = [b.split("```")[0] for b in readme.split("```toml\n")[1:] if "[[reranker]]" in b]
-    builtin, qwen3 = parse_rerankers(block, "README.md")
-    assert builtin == parse_rerankers(BUILTIN_TOML, "built-in")[0]  # the README shows it as it ships
+    page = (Path(__file__).resolve().parents[2] / "docs" / "api" / "rerank.md").read_text()
+    (block,) = [b.split("```")[0] for b in page.split("```toml\n")[1:] if "[[reranker]]" in b]
+    builtin, qwen3 = parse_rerankers(block, "docs/api/rerank.md")
+    assert builtin == parse_rerankers(BUILTIN_TOML, "built-in")[0]  # the docs show it as it ships
     assert qwen3.name == "qwen3-reranker" and (qwen3.yes, qwen3.no) == ("yes", "no") and not qwen3.chat
     assert qwen3.template.startswith("<|im_start|>system\nJudge whether the Document meets the requirements")
     assert qwen3.template.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
