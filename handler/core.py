@@ -22,8 +22,8 @@ from handler import schemas
 from handler.classify import CLASSIFY, model_cards
 from handler.completions import COMPLETIONS
 from handler.errors import ApiError, internal_error
-from handler.http import (HttpRequest, HttpResponse, Job, PendingScore, Scoring, error_response, json_response,
-                          predicted_headers, request_id_of, seconds)
+from handler.http import (HttpRequest, HttpResponse, PendingScore, Scoring, ValidatedRequest, error_response,
+                          json_response, predicted_headers, request_id_of, seconds)
 from handler.logs import log_access
 from handler.metrics import Metrics
 from handler.rerank import RERANK, reranker_cards
@@ -243,7 +243,7 @@ class ScoringCore:
         return internal_error()
 
     def _complete(self, request: HttpRequest, request_id: str, response: HttpResponse,
-                  job: Job | None = None, result: object = None) -> HttpResponse:
+                  job: ValidatedRequest | None = None, result: object = None) -> HttpResponse:
         total = time.perf_counter() - request.started
         path = _normalized(request.path)
         endpoint = ENDPOINTS.get(path)

@@ -40,7 +40,7 @@ class HttpResponse:
         return next((value for name, value in self.headers if name == "content-type"), JSON)
 
 
-class Job(Protocol):
+class ValidatedRequest(Protocol):
     """A validated request of a scoring endpoint."""
     sequences: list[list[int]]  # what the engine computes, one row each
     n_tokens: int  # their tokens (usage.prompt_tokens)
@@ -51,7 +51,7 @@ class Scoring:
     """How a scoring endpoint turns a request into engine work, and the engine's result into its answer
     (each endpoint's module defines one; handler.core routes to it)."""
     decoder: msgspec.json.Decoder  # the body -> its request struct
-    validate: Callable[[Any, ScoringEngine, Settings], Job]  # raises ApiError in the endpoint's order
+    validate: Callable[[Any, ScoringEngine, Settings], ValidatedRequest]  # raises ApiError in the endpoint's order
     submit: Callable[[ScoringEngine, Any, float, str], concurrent.futures.Future]
     respond: Callable[[Any, Any, ScoringEngine], msgspec.Struct]  # (job, the engine's result) -> the 200 body
 
@@ -66,7 +66,7 @@ class PendingScore:
     """A scoring request handed to the engine; the face waits on `future`, then calls core.finish."""
     request: HttpRequest
     request_id: str
-    job: Job
+    job: ValidatedRequest
     future: concurrent.futures.Future
     scoring: Scoring
 

@@ -4,9 +4,10 @@ Run through `python -m loadtests.run --open-loop MULTIPLE` (loadtests/overload.p
 OPENLOOP_PLAN (JSON) and judges the records this file writes to OPENLOOP_RECORDS. One locust user drives it all:
 
 1. calibrate: `clients` closed-loop clients send the mix back to back. The rate R is the server's capacity for the
-   mix: mix requests answered per second of device time (the server's scorefn_engine_device_seconds_total over the
-   phase), the rate of a device kept busy; the clients' own rate (answered per second of the phase) and the rate the
-   server's service model predicts (x-predicted-device-time) are reported beside it. (`rate` in the plan skips it.)
+   mix: requests of the mix per second of device time (the server's scorefn_engine_device_seconds_total over the
+   phase, shared among the kinds by the service model's prices), the rate of a device kept busy; the clients' own
+   rate (answered per second of the phase) and the rate the service model predicts alone are reported beside it.
+   (`rate` in the plan skips it.)
 2. baseline: Poisson arrivals at `baseline` x R (normal latency);
 3. overload: `multiple` x R for `overload_s` seconds;
 4. recovery: `recovery` (default: `baseline`) x R, for `recovery_s` seconds.
@@ -169,8 +170,10 @@ class OpenLoop(FastHttpUser):
             gevent.sleep(0.1)
 
     def calibrate(self, group: gevent.pool.Group) -> dict[str, float]:
-        """Closed-loop clients for calibrate_s; the server's rate (mix requests per device second), the clients' rate
-        and the service model's."""
+        """Closed-loop clients for calibrate_s. The server's capacity for the mix: the device seconds per request of
+        each kind (the service model's relative prices, x-predicted-device-time, scaled to the device seconds the
+        phase really took), weighed by the mix: a sample of a few dozen requests holds the heavy kinds by chance,
+        the weights do not. Beside it, the clients' rate (answered per second) and the service model's alone."""
         calibrate_s = PLAN["calibrate_s"]
         before, started = self.metric("scorefn_engine_device_seconds_total"), time.monotonic()
         until = started + calibrate_s
@@ -180,15 +183,18 @@ class OpenLoop(FastHttpUser):
         device_s = self.metric("scorefn_engine_device_seconds_total") - before
         elapsed = time.monotonic() - started
         answered = [r for r in self.records if r["phase"] == "calibrate" and r["status"] == 200]
-        per_kind: dict[str, list[float]] = {}
+        predicted: dict[str, list[float]] = {}
         for r in answered:
-            per_kind.setdefault(r["scenario"], []).append(r["predicted_device"])
+            predicted.setdefault(r["scenario"], []).append(r["predicted_device"])
         names = [name for name, *_ in scenarios(random.Random(0), PLAN["query_words"])]
-        means = [sum(per_kind[name]) / len(per_kind[name]) for name in names if per_kind.get(name)]
-        weights = [w for name, w in zip(names, WEIGHTS) if per_kind.get(name)]
-        model = sum(weights) / sum(w * m for w, m in zip(weights, means)) if means and len(means) == len(names) else 0.0
-        return {"server": len(answered) / max(device_s, 1e-3), "clients": len(answered) / elapsed, "model": model,
-                "device_utilization": device_s / elapsed}
+        if not all(predicted.get(name) for name in names):  # a kind never answered: the raw sample is all there is
+            return {"server": len(answered) / max(device_s, 1e-3), "clients": len(answered) / elapsed, "model": 0.0,
+                    "device_utilization": device_s / elapsed}
+        price = {name: sum(values) / len(values) for name, values in predicted.items()}  # predicted s per request
+        scale = device_s / sum(price[r["scenario"]] for r in answered)  # the device's seconds per predicted second
+        per_request = sum(w * price[name] for name, w in zip(names, WEIGHTS)) / sum(WEIGHTS)
+        return {"server": 1 / (scale * per_request), "clients": len(answered) / elapsed, "model": 1 / per_request,
+                "device_utilization": device_s / elapsed, "sample": len(answered) / max(device_s, 1e-3)}
 
     @task
     def run_plan(self) -> None:

@@ -31,8 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadtests.rss import RssSampler, slope_mb_per_min
 from runtime.serving.scheduler import round_budget
 from runtime.settings import load_settings
+from runtime.tools.serverproc import ServerProcess
 
 HERE = Path(__file__).resolve().parent
 SMALL = ("score 1 item",)  # the requests whose latency shows fairness against the bulk client
@@ -247,9 +249,6 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace, server_env: dict[str, str], query_words: int) -> int:
-    from loadtests.run import RssSampler, slope_mb_per_min
-    from runtime.tools.serverproc import ServerProcess
-
     reports = args.reports_dir
     max_wait_s = load_settings(environ={**os.environ, **server_env}).max_wait_s
     print(f"starting scorefn serve ({'small' if args.small_buckets else 'configured'} buckets) ...", flush=True)

@@ -25,7 +25,8 @@ from typing import Any
 
 from runtime.interface import QueueFull, Sampling
 from runtime.serving.buckets import BucketPlan
-from runtime.serving.cost import KINDS, ServiceModel, Work, plan_work
+from runtime.serving.cost import KINDS, ServiceModel, plan_work
+from runtime.serving.grid import GridLayout
 from runtime.serving.jobs import Job, TokenJob
 from runtime.serving.scheduler import Scheduler
 
@@ -35,9 +36,8 @@ BOUNDED = ("score 1 item", "completions")  # small requests: answered within SCO
 
 def small_bucket_plan() -> BucketPlan:
     """The bucket plan of the small-bucket server (runtime.tools.serverproc.SMALL_BUCKETS) on a CPU."""
-    return BucketPlan(lengths=(32, 64), batches=(1, 4, 16), max_tokens=16384, labels=(4, 16, 64),
-                      context_lengths=(32,), suffix_lengths=(16,), suffix_batches=(8,), prefix_sharing=True,
-                      completion_batches=(1, 8))
+    return BucketPlan(lengths=(32, 64), max_tokens=16384, labels=(4, 16, 64), context_lengths=(32,),
+                      prefix_sharing=True, layout=GridLayout((1, 4, 16), (16,), (8,)), completion_batches=(1, 8))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -112,7 +112,7 @@ SETTINGS: tuple[Setting, ...] = (
             "auto: 1,8 on CPU; 1,16 on GPU and TPU (a larger batch runs as several of 16)."),
     Setting("bucket_layout", "auto", _choice("auto", "grid", "packed"),
             "grid: one executable per (batch, length) and per (context, batch, item length); packed: several "
-            "sequences per row, buckets by row count (about 70 executables instead of about 300). auto: grid on CPU, "
+            "sequences per row, buckets by row count (a fraction of the grid's executables). auto: grid on CPU, "
             "packed on GPU and TPU."),
     Setting("prefix_sharing", "true", _bool,
             "Compute a request's longest common token prefix once and score items against its keys/values."),

@@ -132,7 +132,7 @@ def context(q: jax.Array, ctx_k: jax.Array, ctx_v: jax.Array, ctx_len: jax.Array
 
 
 class Packed(NamedTuple):
-    """Rows holding several sequences (runtime.serving.packing): each token's sequence within its row (segment;
+    """Rows holding several sequences (runtime.serving.packed): each token's sequence within its row (segment;
     -1 for padding) and position [R, W]; `context`: the shared prefix's (keys, values, length) they continue."""
     segments: jax.Array
     positions: jax.Array

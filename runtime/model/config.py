@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from runtime.model.rope import Rope, RopeError, parse_rope
 
 
@@ -271,8 +273,6 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
 
 def _float32(value: float) -> float:
     """A Python float holding the float32 value transformers multiplies by (torch.tensor(value))."""
-    import numpy as np
-
     return float(np.float32(value))
 
 

@@ -146,6 +146,8 @@ def gguf_tokenizer(reader):
     `AutoTokenizer.from_pretrained(..., gguf_file=...)` would do the same but imports PyTorch, which the
     service does not install; this uses transformers' own GGUF vocabulary conversion without it.
     """
+    # Imported when used (here and below): the server imports this module before it answers /health, and
+    # transformers takes seconds to import, the gguf package 0.3 s (a start loads them on a worker thread).
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf.gguf_tokenizer_mapping import (GGUF_TOKENIZER_MAPPING,
                                                                        convert_gguf_tokenizer)
@@ -190,7 +192,7 @@ def _tensor_table(reader, arch: str, config: dict) -> dict[str, dict]:
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     """Write a Hugging Face directory for `gguf_path` into `out_dir` (atomically); return out_dir."""
-    import gguf
+    import gguf  # when used: see gguf_tokenizer
 
     reader = gguf.GGUFReader(str(gguf_path))
     arch = reader.fields["general.architecture"].contents()
@@ -221,7 +223,7 @@ def read_gguf_weights(model_dir: Path) -> Iterator[tuple[str, np.ndarray]]:
     """(Hugging Face name, float32 array) for every tensor of a prepared directory, dequantized from its GGUF file.
     The values are exactly those of converting the file (gguf.dequantize, then the rotary unpermutation or Gemma's
     norm shift)."""
-    import gguf
+    import gguf  # when used: see gguf_tokenizer
 
     weights = json.loads((model_dir / GGUF_WEIGHTS).read_text())
     path = Path(weights["gguf"])

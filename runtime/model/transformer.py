@@ -1,5 +1,5 @@
 """Every supported decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma 1/2/3, Phi-3, Granite,
-OLMo 2) as one Flax NNX module, prefill only. The families differ in data (runtime.model.config.ModelConfig), not
+OLMo 2) as one Flax NNX module (Transformer), prefill only. The families differ in data (runtime.model.config.ModelConfig), not
 in code paths per family: one layer body reads which norms, activation, multipliers, soft-caps and experts apply.
 
 Layers are stacked along a leading axis and run with `lax.scan` (or unrolled where runtime.serving.platform measured
@@ -74,7 +74,7 @@ def rope_length_limit(cfg: ModelConfig, max_length: int) -> int | None:
     return min(limits) if limits and max_length > min(limits) else None
 
 
-class Llama(nnx.Module):
+class Transformer(nnx.Module):
     """Weights are given as a dict of NumPy arrays in this module's layout (see runtime.model.weights)."""
 
     def __init__(self, cfg: ModelConfig, arrays: dict[str, np.ndarray], dtype: str = "float32",
@@ -243,7 +243,7 @@ class Llama(nnx.Module):
 
     def hidden_packed(self, tokens: jax.Array, positions: jax.Array, segments: jax.Array,
                       last_index: jax.Array) -> jax.Array:
-        """Several whole sequences per row (runtime.serving.packing): tokens, positions (from 0 in each sequence)
+        """Several whole sequences per row (runtime.serving.packed): tokens, positions (from 0 in each sequence)
         and segments (-1: padding) [R, W]; last_index [M]: flat indices into R * W of each sequence's last token.
         Returns the final-normed hidden states there [M, D] float32."""
         h, _ = self._run_layers(tokens, positions, lengths=self._packed_lengths(segments), segments=segments)

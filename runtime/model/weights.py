@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 import numpy as np
+from safetensors import safe_open
 
 from runtime.model.config import ModelConfig, ModelConfigError
 from runtime.model.errors import WeightsError  # raised here and by runtime.model.gguf; imported from here
@@ -205,8 +206,7 @@ def _strip_prefix(name: str, cfg: ModelConfig) -> str:
 
 
 def read_safetensors(model_dir: Path, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
-    from safetensors import safe_open  # the "flax" framework reads bfloat16, which NumPy cannot
-
+    """Every tensor, through safetensors' "flax" framework: it reads bfloat16, which NumPy cannot."""
     for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="flax") as handle:
             for name in handle.keys():

@@ -1,14 +1,21 @@
-"""The finite set of padded shapes the runtime compiles, and how work is fitted into them."""
+"""The finite set of padded shapes the runtime compiles (a bucket plan), and how rows are fitted into them.
+
+The plan holds what every layout shares (length buckets, label-count buckets, shared-prefix contexts, the completion
+batches) and a bucket layout (runtime.serving.layout: the grid or packed rows) for whole sequences and the items
+after a shared prefix. `programs()` is every (program, bucket) a start compiles.
+"""
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
 import functools
-from typing import TYPE_CHECKING
+from typing import Sequence
 
-if TYPE_CHECKING:
-    from runtime.serving.packing import Pack, Packing
+import numpy as np
+
+from runtime.serving.layout import BucketLayout, DeviceBatch
+from runtime.serving.programs import PROGRAMS, Program
 
 
 class SequenceTooLong(ValueError):
@@ -28,119 +35,28 @@ def fit(buckets: tuple[int, ...], size: int) -> int:
     return buckets[index]
 
 
-@dataclasses.dataclass(frozen=True)
-class BucketPlan:
-    lengths: tuple[int, ...]  # full-sequence lengths (and shared-prefix context lengths)
-    batches: tuple[int, ...]
-    max_tokens: int  # a (batch, length) bucket holds at most this many tokens (batch 1 always exists)
-    labels: tuple[int, ...]  # label-count buckets of the vocabulary head
-    context_lengths: tuple[int, ...]  # shared-prefix lengths
-    suffix_lengths: tuple[int, ...]  # item lengths after a shared prefix
-    suffix_batches: tuple[int, ...]
-    prefix_sharing: bool
-    completion_batches: tuple[int, ...] = ()  # per-position log-probabilities (/v1/completions); () for none
-    # Accelerators: sequences packed into rows (runtime.serving.packing) instead of the (batch, length) grids of
-    # batches, suffix_lengths and suffix_batches; None: the grid (CPU).
-    packing: "Packing | None" = None
-    # What one more device batch costs, in padded tokens (its fixed price against a token's: launches, the weights
-    # streamed once); the grid splits rows into batches that pad and launch least. The engine sets it from the
-    # calibrated service model (runtime.serving.cost).
-    batch_overhead_tokens: float = 32.0
+def largest_batch(length_bucket: int, batches: tuple[int, ...], max_tokens: int) -> int:
+    """Largest batch bucket that fits `max_tokens` at this length (at least the smallest one)."""
+    fitting = [b for b in batches if b * length_bucket <= max_tokens]
+    return fitting[-1] if fitting else batches[0]
 
-    @property
-    def max_length(self) -> int:
-        return self.lengths[-1]
 
-    @property
-    def max_labels(self) -> int:
-        return self.labels[-1]
-
-    def batch_for(self, length_bucket: int, batches: tuple[int, ...] | None = None) -> int:
-        """Largest batch bucket that fits `max_tokens` at this length (at least the smallest one)."""
-        batches = batches or self.batches
-        fitting = [b for b in batches if b * length_bucket <= self.max_tokens]
-        return fitting[-1] if fitting else batches[0]
-
-    @property
-    def max_suffix(self) -> int:
-        """The longest item scored after a shared prefix."""
-        return self.packing.width if self.packing else self.suffix_lengths[-1]
-
-    def full(self) -> list[tuple[int, int]]:
-        """(batch, length) buckets of whole-sequence scoring; packed: (rows, width)."""
-        if self.packing:
-            return self.packing.full_shapes(self.lengths)
-        return [(b, t) for t in self.lengths for b in self.batches if b <= self.batch_for(t)]
-
-    def contexts(self) -> list[int]:
-        return [c for c in self.context_lengths if c <= self.max_length] if self.prefix_sharing else []
-
-    def continuations(self) -> list[tuple[int, ...]]:
-        """(context, batch, length) buckets of scoring after a shared prefix; packed: (context, rows, width)."""
-        if not self.prefix_sharing:
-            return []
-        if self.packing:
-            return [(c, r, w) for c in self.contexts() for r, w in self.packing.continuation_shapes()]
-        return [(c, b, s) for c in self.contexts() for s in self.suffix_lengths for b in self.suffix_batches
-                if b <= self.batch_for(s, self.suffix_batches)]
-
-    def completions(self) -> list[tuple[int, int]]:
-        """(batch, length) buckets of per-position log-probabilities of whole sequences."""
-        return [(b, t) for t in self.lengths for b in self.completion_batches
-                if b <= self.batch_for(t, self.completion_batches)]
-
-    def split_completions(self, lengths: list[int]) -> list[Chunk]:
-        """Whole sequences of these lengths (longest first), read at every position, as device batches."""
-        return self._split(lengths, self.lengths, self.completion_batches)
-
-    def split_full(self, lengths: list[int]) -> "list[Chunk] | list[Pack]":
-        """Whole sequences of these lengths (longest first) as device batches."""
-        if self.packing:
-            from runtime.serving.packing import pack_full
-            return pack_full(self.packing, lengths, self.lengths)
-        return self._split(lengths, self.lengths, self.batches)
-
-    def split_suffixes(self, lengths: list[int]) -> "list[Chunk] | list[Pack]":
-        """Continuations of these lengths (longest first) after a shared prefix, as device batches."""
-        if self.packing:
-            from runtime.serving.packing import pack_continuations
-            return pack_continuations(self.packing, lengths)
-        return self._split(lengths, self.suffix_lengths, self.suffix_batches)
-
-    def _split(self, lengths: list[int], length_buckets: tuple[int, ...], batch_buckets: tuple[int, ...]
-               ) -> list[Chunk]:
-        """Rows sorted longest first, cut into batches as large as the token budget allows at each length bucket
-        (similar lengths share a batch)."""
-        chunks, start = [], 0
-        while start < len(lengths):
-            length = fit(length_buckets, lengths[start])
-            largest = self.batch_for(length, batch_buckets)
-            rows = min(largest, len(lengths) - start)
-            batch = fit(batch_buckets, rows)
-            if self.packing:
-                if rows < self.packing.fill * batch and rows >= batch_buckets[0]:
-                    # accelerators: several bucket-sized batches rather than one mostly padded (few, large buckets)
-                    batch = rows = max(b for b in batch_buckets if b <= rows)
-            else:
-                usable = tuple(b for b in batch_buckets if b <= largest) or batch_buckets[:1]
-                batch = _next_batch(rows, length, usable, self.batch_overhead_tokens)
-                rows = min(rows, batch)
-            chunks.append(Chunk(start, rows, batch, length))
-            start += rows
-        return chunks
-
-    def heads(self) -> list[tuple[int, int]]:
-        """(batch, labels) buckets of the vocabulary head (packed: batch = a shape's slots)."""
-        if self.packing:
-            shapes = self.full() + [(r, w) for _, r, w in self.continuations()]
-            batches = sorted({self.packing.slots_for(r, w) for r, w in shapes})
-            return [(b, n) for b in batches for n in self.labels]
-        batches = sorted(set(self.batches) | set(self.suffix_batches if self.prefix_sharing else ()))
-        return [(b, n) for b in batches for n in self.labels]
-
-    def count(self) -> int:
-        return (len(self.full()) + len(self.contexts()) + len(self.continuations()) + len(self.heads())
-                + len(self.completions()))
+def split_rows(lengths: list[int], length_buckets: tuple[int, ...], batch_buckets: tuple[int, ...],
+               max_tokens: int, overhead: float) -> list[tuple[int, int, int, int]]:
+    """Rows of these lengths (longest first) cut into (start, rows, batch bucket, length bucket) device batches: as
+    large as the token budget allows at each length bucket (similar lengths share a batch), in the batch buckets
+    that pad and launch least at `overhead` padded tokens a device batch."""
+    out, start = [], 0
+    while start < len(lengths):
+        length = fit(length_buckets, lengths[start])
+        largest = largest_batch(length, batch_buckets, max_tokens)
+        rows = min(largest, len(lengths) - start)
+        usable = tuple(b for b in batch_buckets if b <= largest) or batch_buckets[:1]
+        batch = _next_batch(rows, length, usable, overhead)
+        rows = min(rows, batch)
+        out.append((start, rows, batch, length))
+        start += rows
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
@@ -161,17 +77,112 @@ def _next_batch(rows: int, length: int, buckets: tuple[int, ...], overhead: floa
     return best
 
 
-@dataclasses.dataclass(frozen=True)
-class Chunk:
-    """One device batch: rows [start, start + rows) of the sorted input, padded to (batch, length)."""
-    start: int
-    rows: int
-    batch: int
-    length: int
+@dataclasses.dataclass
+class Chunk(DeviceBatch):
+    """A device batch of the grid: `rows` sequences right-padded to [batch, length] (batch: its head_batch)."""
 
     @property
     def padded_tokens(self) -> int:
-        return self.batch * self.length
+        return self.head_batch * self.length
+
+    def arrays(self, sequences: Sequence[Sequence[int]], start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Right-padded tokens [batch, length] and each row's last real position [batch] (padding rows: 0)."""
+        tokens = np.zeros((self.head_batch, self.length), np.int32)
+        last = np.zeros((self.head_batch,), np.int32)
+        for r, i in enumerate(self.members):
+            tokens[r, : len(sequences[i])] = sequences[i]
+            last[r] = len(sequences[i]) - 1
+        return tokens, last
+
+
+def chunks(lengths: list[int], length_buckets: tuple[int, ...], batch_buckets: tuple[int, ...], max_tokens: int,
+           overhead: float) -> list[Chunk]:
+    """Rows of these lengths (any order) as grid device batches, longest first (split_rows)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [Chunk(order[start: start + rows], (batch, length), rows, length, batch)
+            for start, rows, batch, length in split_rows([lengths[i] for i in order], length_buckets, batch_buckets,
+                                                         max_tokens, overhead)]
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPlan:
+    lengths: tuple[int, ...]  # full-sequence lengths (and shared-prefix context lengths)
+    max_tokens: int  # a (batch, length) bucket holds at most this many tokens (batch 1 always exists)
+    labels: tuple[int, ...]  # label-count buckets of the vocabulary head
+    context_lengths: tuple[int, ...]  # shared-prefix lengths
+    prefix_sharing: bool
+    layout: BucketLayout  # whole sequences and the items after a shared prefix (the grid or packed rows)
+    completion_batches: tuple[int, ...] = ()  # per-position log-probabilities (/v1/completions); () for none
+    # What one more device batch costs, in padded tokens (its fixed price against a token's: launches, the weights
+    # streamed once); rows are split into batches that pad and launch least. The engine sets it from the
+    # calibrated service model (runtime.serving.cost).
+    batch_overhead_tokens: float = 32.0
+
+    @property
+    def max_length(self) -> int:
+        return self.lengths[-1]
+
+    @property
+    def max_labels(self) -> int:
+        return self.labels[-1]
+
+    @property
+    def max_suffix(self) -> int:
+        """The longest item scored after a shared prefix."""
+        return self.layout.max_continuation(self)
+
+    def batch_for(self, length_bucket: int, batches: tuple[int, ...]) -> int:
+        return largest_batch(length_bucket, batches, self.max_tokens)
+
+    def full(self) -> list[tuple[int, ...]]:
+        """Buckets of whole-sequence scoring."""
+        return self.layout.full_buckets(self)
+
+    def contexts(self) -> list[int]:
+        return [c for c in self.context_lengths if c <= self.max_length] if self.prefix_sharing else []
+
+    def continuations(self) -> list[tuple[int, ...]]:
+        """Buckets of scoring after a shared prefix: (context, *the layout's bucket)."""
+        return [(c, *bucket) for c in self.contexts() for bucket in self.layout.continuation_buckets(self)]
+
+    def completions(self) -> list[tuple[int, int]]:
+        """(batch, length) buckets of per-position log-probabilities of whole sequences."""
+        return [(b, t) for t in self.lengths for b in self.completion_batches
+                if b <= self.batch_for(t, self.completion_batches)]
+
+    def heads(self) -> list[tuple[int, int]]:
+        """(batch, labels) buckets of the vocabulary head: every batch a device batch's head reads."""
+        shapes = self.layout.full_buckets(self) + (self.layout.continuation_buckets(self) if self.contexts() else [])
+        return [(b, n) for b in sorted({self.layout.head_batch(s) for s in shapes}) for n in self.labels]
+
+    def split_full(self, lengths: list[int]) -> list[DeviceBatch]:
+        """Whole sequences of these lengths (any order) as device batches."""
+        return self.layout.split_full(self, lengths)
+
+    def split_suffixes(self, lengths: list[int]) -> list[DeviceBatch]:
+        """Items of these lengths after a shared prefix (any order) as device batches."""
+        return self.layout.split_continuations(self, lengths)
+
+    def split_completions(self, lengths: list[int]) -> list[DeviceBatch]:
+        """Whole sequences of these lengths (any order), read at every position, as device batches of the grid."""
+        return chunks(lengths, self.lengths, self.completion_batches, self.max_tokens, self.batch_overhead_tokens)
+
+    def programs(self, task: str = "causal_lm") -> list[tuple[Program, tuple[int, ...]]]:
+        """Every (program, bucket) a start compiles for a model of this task (causal_lm: label and per-position
+        log-probabilities; sequence_classification: its class head)."""
+        layout = self.layout
+        programs = [(PROGRAMS["prefill_context"], (c,)) for c in self.contexts()]
+        programs += [(layout.full_program, bucket) for bucket in self.full()]
+        programs += [(layout.continuation_program, bucket) for bucket in self.continuations()]
+        if task == "causal_lm":
+            programs += [(PROGRAMS["label_logprobs"], bucket) for bucket in self.heads()]
+            programs += [(PROGRAMS["token_logprobs"], bucket) for bucket in self.completions()]
+        else:
+            programs += [(PROGRAMS["class_logits"], (b,)) for b in sorted({b for b, _ in self.heads()})]
+        return programs
+
+    def count(self, task: str = "causal_lm") -> int:
+        return len(self.programs(task))
 
 
 def label_buckets(max_labels: int, steps: tuple[int, ...] | None = None) -> tuple[int, ...]:

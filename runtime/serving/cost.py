@@ -23,7 +23,7 @@ from runtime.serving.buckets import BucketPlan, fit
 from runtime.serving.jobs import Job, TokenJob, shared_prefix_length
 
 if TYPE_CHECKING:
-    from runtime.serving.buckets import Chunk
+    from runtime.serving.layout import DeviceBatch
     from runtime.serving.scorer import Scorer
 
 log = logging.getLogger("scorefn.runtime")
@@ -41,16 +41,16 @@ class Work:
     completion: float = 0.0  # whole sequences, read at every position (/v1/completions)
 
     @classmethod
-    def of(cls, kind: str, chunks: Sequence["Chunk"]) -> "Work":
+    def of(cls, kind: str, batches: Sequence["DeviceBatch"]) -> "Work":
         """The device batches a BucketPlan split makes, as work of one kind."""
-        return cls(batches=len(chunks), **{kind: float(sum(chunk.padded_tokens for chunk in chunks))})
+        return cls(batches=len(batches), **{kind: float(sum(batch.padded_tokens for batch in batches))})
 
     @classmethod
-    def shared(cls, kind: str, chunks: Sequence["Chunk"], full_batch: Callable[[int], int]) -> "Work":
+    def shared(cls, kind: str, batches: Sequence["DeviceBatch"], full_batch: Callable[[int], int]) -> "Work":
         """Rows that other requests' rows can join in a device batch: each pays its length bucket and its share
         of a full batch (`full_batch(length)` rows), as on a busy device."""
-        return cls(batches=sum(c.rows / full_batch(c.length) for c in chunks),
-                   **{kind: float(sum(c.rows * c.length for c in chunks))})
+        return cls(batches=sum(b.rows / full_batch(b.length) for b in batches),
+                   **{kind: float(sum(b.rows * b.length for b in batches))})
 
     def vector(self) -> tuple[float, float, float, float, float]:
         return self.batches, self.full, self.context, self.continuation, self.completion
@@ -84,17 +84,22 @@ def plan_work(plan: BucketPlan, jobs: Sequence[Job | TokenJob], rope_length_limi
             work += Work.of("continuation", plan.split_suffixes(rests))
         else:
             full_rows += map(len, job.sequences)
-    for kind, chunks, batches in (
-            ("full", plan.split_full(sorted(full_rows, reverse=True)), plan.batches),
-            ("completion", plan.split_completions(sorted(token_rows, reverse=True)), plan.completion_batches)):
-        if not marginal:
-            work += Work.of(kind, chunks)
-            continue
-        # A chunk's share of the largest device batch at its length (packed: of the most rows at its width).
-        full_batch = plan.packing.full_rows if plan.packing and kind == "full" else (
-            lambda length, batches=batches: plan.batch_for(length, batches))
-        work += Work.shared(kind, chunks, full_batch)
+    for kind, batches, largest in (
+            ("full", plan.split_full(full_rows), lambda length: plan.layout.full_rows(plan, length)),
+            ("completion", plan.split_completions(token_rows),
+             lambda length: plan.batch_for(length, plan.completion_batches))):
+        # marginal: a device batch's share of the largest one at its length
+        work += Work.shared(kind, batches, largest) if marginal else Work.of(kind, batches)
     return work
+
+
+def shared_slice_rows(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: int | None = None) -> int:
+    """The fewest of a request's rows worth computing in one slice of it: with a shared prefix, the items of its
+    first device batch after the prefix (fewer would pad that batch, or score in full: the prefix is then not worth
+    sharing); otherwise 1 (rows of a slice share device batches with other requests' rows)."""
+    if isinstance(job, TokenJob) or not (shared := shared_prefix_length(plan, job.sequences, rope_length_limit)):
+        return 1
+    return len(plan.split_suffixes([len(seq) - shared for seq in job.sequences])[0].members)
 
 
 class ServiceModel:
@@ -152,26 +157,32 @@ class ServiceModel:
 def calibrate(scorer: "Scorer", grow_until: float = 2.0, step_cap_s: float = 0.3) -> ServiceModel:
     """Seed a ServiceModel by running a few compiled buckets once each, through the scorer itself.
 
-    Full buckets: the smallest one, then one of at least 4x its tokens, then further 4x steps while per-token work
-    does not yet show (a run under `grow_until` times the smallest one's) and the next run is predicted to take at
-    most `step_cap_s`; the smallest and the last give the per-batch and per-token prices. Then one completion bucket
+    Full buckets (each timed twice, the quicker run kept): the smallest one, then one of at least 4x its tokens, then
+    further 4x steps while per-token work does not yet show (a run under `grow_until` times the smallest one's) and
+    the next run is predicted to take at most `step_cap_s`; the smallest and the last give the per-batch and
+    per-token prices. Then one completion bucket
     of about as many tokens (the vocabulary head at every position: about twice the price of a full token on the
     development CPU). A shared prefix's context and continuation start at the full price (within a third of it,
-    measured) and are told apart by the rounds that run them. On the development CPU three or four runs, 0.4-0.7 s;
-    on an accelerator each run takes milliseconds.
+    measured) and are told apart by the rounds that run them. On the development CPU three or four buckets; on an
+    accelerator each run takes milliseconds.
     """
     plan = scorer.plan
 
     def timed(job) -> tuple[Work, float]:
-        work = scorer.cost([job])
-        started = time.perf_counter()
-        scorer.score_jobs([job])
-        return work, time.perf_counter() - started
+        """The job's work and the quicker of two runs (the other work of a shared machine only ever adds time)."""
+        work, runs = scorer.cost([job]), []
+        for _ in range(2):
+            started = time.perf_counter()
+            scorer.score_jobs([job])
+            runs.append(time.perf_counter() - started)
+        return work, min(runs)
 
     shortest = plan.lengths[0]
     small_work, small_s = timed(Job([[1] * shortest], [0]))
     big_work, big_s = small_work, small_s
-    for batch, length in sorted(plan.full(), key=lambda b_t: (b_t[0] * b_t[1], b_t[0])):
+    program = plan.layout.full_program
+    shapes = sorted({program.geometry(bucket)[:2] for bucket in plan.full()}, key=lambda rw: (rw[0] * rw[1], rw[0]))
+    for batch, length in shapes:  # rows of `length` tokens
         tokens = batch * length
         if tokens < 4 * big_work.full or tokens > max(plan.max_tokens // 4, shortest):
             continue

@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 
+from runtime import PROCESS_STARTED
 from runtime.interface import EngineFault, Prediction, ScoreResult, ShuttingDown, TokenLogprobsResult
 from runtime.serving.buckets import BucketPlan
-from runtime.serving.compose import bucket_plan  # noqa: F401 (tests build plans the engine's way)
 from runtime.serving.cost import ServiceModel, calibrate
 from runtime.serving.jobs import Job, TokenJob
 from runtime.serving.scheduler import Scheduler
@@ -31,14 +31,6 @@ from runtime.settings import Settings, load_settings
 log = logging.getLogger("scorefn.runtime")
 
 _STOP = object()
-
-
-def build_scorer(settings: Settings, loaded, *, lazy: bool = False, store=None):
-    """The scorer of a loaded model on this host's devices (runtime.serving.compose, the path `scorefn compile`
-    shares). `lazy`: compile buckets on first use (one-shot CLI runs, never serving)."""
-    from runtime.serving.compose import compose
-
-    return compose(settings, loaded.cfg, loaded.arrays, lazy=lazy, store=store)
 
 
 class Engine:
@@ -71,60 +63,38 @@ class Engine:
         return self._ready.is_set() and not self._stopping
 
     def start(self) -> None:
-        from runtime import PROCESS_STARTED
-
-        started = time.perf_counter()
-        boot_seconds = time.monotonic() - PROCESS_STARTED  # interpreter, server and app imports
-        from runtime.serving import executables  # JAX, Flax, transformers: the heavy imports
-        from runtime.model.config import load_config
-        from runtime.model.loader import load_model, load_tokenizer, resolve_model_dir
-        from runtime.serving.compose import executable_store, load_stored
-
-        executables.enable_persistent_cache(self.settings.xla_cache_dir)
-        import_seconds = time.perf_counter() - started
-        # Beside the weights (mostly NumPy dequantizing or copying them, which releases the GIL): the tokenizer
-        # (mostly importing transformers) and the stored executables (deserializing them, which releases it too),
-        # whose fingerprint needs the config only.
-        model_dir, _ = resolve_model_dir(self.settings.model, self.settings.cache_dir)
-        store = executable_store(self.settings)
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            tokenizer = pool.submit(load_tokenizer, model_dir)
-            stored = pool.submit(load_stored, self.settings, load_config(model_dir), store)
-            loaded = load_model(self.settings.model, self.settings.cache_dir, self.settings.model_id)
-            self.tokenizer = tokenizer.result()
-            stored_fingerprint, stored_executables = stored.result()
-        self.config, self.model_id = loaded.cfg, loaded.model_id
-        self.vocab_size = loaded.cfg.logit_dim if loaded.cfg.task == "causal_lm" else loaded.cfg.vocab_size
-        self.task = loaded.cfg.task
-        # Verbalizers are checked against the tokenizer before compiling: a bad declaration fails the start fast.
-        self.classifiers = build_classifiers(self.settings.classifiers, loaded.cfg, self.model_id, self.tokenizer,
-                                             self.settings.max_labels)
-        self.rerankers = build_rerankers(self.settings.rerankers, loaded.cfg, self.model_id, self.tokenizer,
-                                         self.settings.max_labels, tuple(c.name for c in self.classifiers))
-        self.scorer, self.platform = build_scorer(self.settings, loaded, store=store)
-        preloaded = self.scorer.exe.adopt(stored_fingerprint, stored_executables)
-        self.plan = self.scorer.plan
-        self.rounds_in_flight = self.platform.rounds_in_flight
-        load_seconds = time.perf_counter() - started - import_seconds
-
-        compile_started = time.perf_counter()
-        before = executables.cache_events()
-        total = self.scorer.compile_all(self._log_progress)
-        after = executables.cache_events()
-        self.timings = {"boot_s": boot_seconds, "import_s": import_seconds, "load_s": load_seconds,
-                        "compile_s": time.perf_counter() - compile_started, "buckets": total,
-                        "stored": self.scorer.exe.loaded, "preloaded": preloaded,
-                        "cache_hits": after["hits"] - before["hits"],
-                        "cache_misses": after["misses"] - before["misses"]}
-        calibrate_started = time.perf_counter()
+        """Load the model, its tokenizer and its stored executables; build what it serves; load or compile every
+        bucket; time the device; serve. Each step's seconds go to `timings` (and the "warm-up done" log line)."""
+        laps = _Laps(boot_s=time.monotonic() - PROCESS_STARTED)  # interpreter, server and app imports
+        # JAX, Flax and transformers: imported here, once the server already answers /health and /ready (503).
+        from runtime.serving import startup
+        laps.lap("import_s")
+        loaded = startup.load(self.settings)  # weights, tokenizer and stored executables at once
+        self._take_model(loaded.cfg, loaded.model.model_id, loaded.tokenizer)
+        self.scorer, self.platform, preloaded = startup.serving_scorer(self.settings, loaded)
+        self.plan, self.rounds_in_flight = self.scorer.plan, self.platform.rounds_in_flight
+        laps.lap("load_s")
+        warmed = startup.warm_up(self.scorer, self._log_progress)
+        laps.lap("compile_s")
         service = calibrate(self.scorer)  # a few buckets run once: the first requests are judged by real timings
         self.scorer.plan = self.plan = service.fit_plan(self.plan)
-        self.timings["calibrate_s"] = time.perf_counter() - calibrate_started
+        laps.lap("calibrate_s")
+        self.timings = {**laps.seconds, **warmed, "preloaded": preloaded}
         log.info("warm-up done: %d buckets in %.1f s (%d loaded from the executable store; persistent cache: "
-                 "%d hits, %d misses); service time %s (timed in %.2f s)", total, self.timings["compile_s"],
-                 self.timings["stored"], self.timings["cache_hits"], self.timings["cache_misses"],
+                 "%d hits, %d misses); service time %s (timed in %.2f s)", warmed["buckets"],
+                 self.timings["compile_s"], warmed["stored"], warmed["cache_hits"], warmed["cache_misses"],
                  service.describe(), self.timings["calibrate_s"], extra={"json_fields": {"timings": self.timings}})
         self.start_with(self.scorer, service)
+
+    def _take_model(self, cfg, model_id: str, tokenizer) -> None:
+        """What the handler reads of the model, and the classifiers and rerankers it serves: checked against the
+        tokenizer before anything compiles, so a bad declaration fails the start fast."""
+        self.config, self.model_id, self.tokenizer, self.task = cfg, model_id, tokenizer, cfg.task
+        self.vocab_size = cfg.logit_dim if cfg.task == "causal_lm" else cfg.vocab_size
+        self.classifiers = build_classifiers(self.settings.classifiers, cfg, model_id, tokenizer,
+                                             self.settings.max_labels)
+        self.rerankers = build_rerankers(self.settings.rerankers, cfg, model_id, tokenizer, self.settings.max_labels,
+                                         tuple(c.name for c in self.classifiers))
 
     def start_with(self, scorer, service: ServiceModel | None = None) -> None:
         """Serve with a scorer that is ready to run and the service model of its device (start() passes its
@@ -133,7 +103,8 @@ class Engine:
         self.plan = getattr(scorer, "plan", self.plan)
         self.service = service or ServiceModel.neutral()
         self._scheduler = Scheduler(self.service, lambda job: scorer.cost([job], marginal=True),
-                                    self.settings.max_queue, self.settings.max_wait_s, round_cost=scorer.cost)
+                                    self.settings.max_queue, self.settings.max_wait_s, round_cost=scorer.cost,
+                                    slice_rows=scorer.slice_rows)
         self._thread = threading.Thread(target=self._device_loop, name="scorefn-device", daemon=True)
         self._thread.start()
         self._ready.set()
@@ -192,12 +163,10 @@ class Engine:
         return self.submit(sequences, label_ids).result().logprobs
 
     def stats(self) -> dict[str, float | dict[str, float]]:
-        from runtime.serving import executables
-
         scorer = self.scorer
         stats: dict[str, float | dict[str, float]] = {
             "compiles": scorer.exe.compiles if scorer else 0,
-            "backend_compiles": executables.cache_events()["backend_compiles"],
+            "backend_compiles": scorer.exe.backend_compiles() if scorer else 0,
             "queue_depth": 0,
             "device_batches": scorer.device_batches if scorer else 0,
             "device_batch_sequences": scorer.device_rows if scorer else 0,
@@ -304,3 +273,15 @@ def _finite(result) -> bool:
 
 def build_engine(settings: Settings | None = None) -> Engine:
     return Engine(settings)
+
+
+class _Laps:
+    """Seconds of a start's steps: each lap() records the time since the one before."""
+
+    def __init__(self, **seconds: float) -> None:
+        self.seconds = dict(seconds)
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name], self._last = now - self._last, now

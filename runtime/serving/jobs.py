@@ -37,9 +37,10 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
 
 
 def shared_prefix_length(plan: BucketPlan, sequences: Sequence[Sequence[int]], rope_length_limit: int | None) -> int:
-    """Tokens of the sequences' common prefix to compute once, or 0 when scoring them in full costs fewer padded
-    tokens. Longer sequences than `rope_length_limit` change their RoPE frequencies (dynamic, longrope), so the
-    context's keys would differ from each item's own: such requests are scored in full."""
+    """Tokens of the sequences' common prefix to compute once, or 0 when scoring them in full costs less: fewer
+    padded tokens plus the plan's price of a device batch for each. Longer sequences than `rope_length_limit` change
+    their RoPE frequencies (dynamic, longrope), so the context's keys would differ from each item's own: such
+    requests are scored in full."""
     if not plan.prefix_sharing or len(sequences) < 2:
         return 0
     if rope_length_limit is not None and max(map(len, sequences)) > rope_length_limit:
@@ -49,6 +50,7 @@ def shared_prefix_length(plan: BucketPlan, sequences: Sequence[Sequence[int]], r
     contexts = plan.contexts()
     if shared == 0 or rests[0] > plan.max_suffix or not contexts or shared > contexts[-1]:
         return 0
-    shared_cost = fit(contexts, shared) + sum(c.padded_tokens for c in plan.split_suffixes(rests))
-    full_cost = sum(c.padded_tokens for c in plan.split_full(sorted(map(len, sequences), reverse=True)))
+    overhead = plan.batch_overhead_tokens
+    shared_cost = fit(contexts, shared) + overhead + sum(b.padded_tokens + overhead for b in plan.split_suffixes(rests))
+    full_cost = sum(b.padded_tokens + overhead for b in plan.split_full([len(s) for s in sequences]))
     return shared if shared_cost < full_cost else 0

@@ -1,7 +1,7 @@
-"""Packed buckets (accelerators): several sequences share a row of fixed width, each attending only to itself.
+"""The packed layout (the accelerators'): several sequences share a row of fixed width, each attending only to itself.
 
 A grid of (batch, length) buckets needs one executable per pair, and the shared-prefix path one per (context,
-batch, item length): ~280 executables, minutes of compiling per accelerator instance. Packing folds batch and
+batch, item length): hundreds of executables, minutes of compiling per accelerator instance. Packing folds batch and
 length into rows: a device batch is R rows of W tokens, each row holding as many whole sequences as fit (first
 fit, longest first), with their own positions (from 0, or from the shared prefix's length) and a segment id per
 token; attention is causal within a segment (runtime.model.attention.packed), so a sequence never sees another.
@@ -10,7 +10,7 @@ per width (a device batch larger than one bucket is split into several, a smalle
 that pads at most 1 - `fill` of it), and a slot count M per shape: the rows' last tokens are gathered into
 [M, D] for the label head.
 
-Shapes, by default (runtime.serving.platform; 78 executables with the default settings, heads included):
+Shapes, by default (runtime.serving.platform picks them; docs/how-it-works/compile.md counts the executables):
 - full sequences up to W tokens: rows of W = 128, R in 1, 2, 4, 16, 64; a single row of 16 ... 96 tokens for a
   few short sequences (single-item latency: 23 tokens run in 24, not 32);
 - longer sequences: rows of each longer length bucket (256 ... 2048), R in 1, 8;
@@ -21,14 +21,20 @@ Shapes, by default (runtime.serving.platform; 78 executables with the default se
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from runtime.serving.buckets import fit
+from runtime.serving.layout import BucketLayout, DeviceBatch
+from runtime.serving.programs import PROGRAMS
+
+if TYPE_CHECKING:
+    from runtime.serving.buckets import BucketPlan
 
 
 @dataclasses.dataclass(frozen=True)
-class Packing:
+class PackedLayout(BucketLayout):
     width: int = 128  # W: rows of short sequences and of continuations
     rows: tuple[int, ...] = (1, 2, 4, 16, 64)  # row-count buckets of W-wide rows
     narrow: tuple[int, ...] = (16, 24, 32, 48, 64, 96)  # one-row widths below W for whole sequences
@@ -37,8 +43,38 @@ class Packing:
     slots: tuple[int, ...] = (4, 16, 64, 256, 1024)  # sequences one device batch reads (the head's batch)
     min_item_tokens: int = 8  # slots per row: width / this (shorter sequences fill fewer tokens of a row)
     fill: float = 0.75  # round a row count up to a bucket only when its tokens fill at least this much of it
+    name = "packed"
+    full_program = PROGRAMS["hidden_packed"]
+    continuation_program = PROGRAMS["hidden_packed_after_context"]
 
-    def fit_to_data_axis(self, data: int) -> "Packing":
+    # ---- the BucketLayout interface ------------------------------------------------------------------
+
+    def full_buckets(self, plan: "BucketPlan") -> list[tuple[int, ...]]:
+        return [(r, w, self.slots_for(r, w)) for r, w in self.full_shapes(plan.lengths)]
+
+    def continuation_buckets(self, plan: "BucketPlan") -> list[tuple[int, ...]]:
+        return [(r, w, self.slots_for(r, w)) for r, w in self.continuation_shapes()]
+
+    def head_batch(self, bucket: tuple[int, ...]) -> int:
+        return bucket[-1]
+
+    def split_full(self, plan: "BucketPlan", lengths: list[int]) -> list[DeviceBatch]:
+        return pack_full(self, lengths, plan.lengths)
+
+    def split_continuations(self, plan: "BucketPlan", lengths: list[int]) -> list[DeviceBatch]:
+        return pack_continuations(self, lengths)
+
+    def max_continuation(self, plan: "BucketPlan") -> int:
+        return self.width
+
+    def full_rows(self, plan: "BucketPlan", length: int) -> int:
+        """Rows of the largest device batch at this width (what a busy device runs)."""
+        return self.rows[-1] if length <= self.width else self.wide_rows[-1]
+
+    def continuation_rows(self, plan: "BucketPlan", length: int) -> int:
+        return self.rows[-1]
+
+    def for_data_axis(self, data: int) -> "PackedLayout":
         """Row counts and slots that split over `data` devices (every device batch is split by rows); no
         one-row shapes then."""
         if data == 1:
@@ -48,13 +84,17 @@ class Packing:
             return tuple(sorted({-(-v // data) * data for v in values}))
         return dataclasses.replace(self, rows=up(self.rows), wide_rows=up(self.wide_rows), slots=up(self.slots))
 
+    def problems(self, plan: "BucketPlan", data: int) -> list[str]:
+        return []  # row counts and slots are fitted to the data axis (for_data_axis)
+
+    def describe(self) -> str:
+        return f"packed rows of {self.width} ({self.rows})"
+
+    # ---- shapes ---------------------------------------------------------------------------------------
+
     @property
     def min_rows(self) -> int:
         return self.rows[0]
-
-    def full_rows(self, width: int) -> int:
-        """Rows of the largest device batch at this width (what a busy device runs)."""
-        return self.rows[-1] if width <= self.width else self.wide_rows[-1]
 
     def slots_for(self, rows: int, width: int) -> int:
         """Slots of a (rows, width) shape: room for sequences of min_item_tokens (capped at the largest bucket)."""
@@ -84,25 +124,37 @@ class Packing:
 
 
 @dataclasses.dataclass
-class Pack:
-    """One device batch: `rows` x `width` tokens, `members[r]` the indices (into the caller's list) of the
-    sequences in row r, in order; `slots` sequences at most."""
-    rows: int
-    width: int
-    slots: int
-    members: list[list[int]]
+class Pack(DeviceBatch):
+    """One device batch: `rows` x `length` (its width) tokens; `row_members[r]` the indices (into the caller's list)
+    of the sequences in row r, in order; `head_batch` (its slots) sequences at most."""
+    row_members: list[list[int]] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def of(cls, rows: int, width: int, slots: int, row_members: list[list[int]]) -> "Pack":
+        return cls([i for row in row_members for i in row], (rows, width, slots), rows, width, slots, row_members)
 
     @property
     def padded_tokens(self) -> int:
-        return self.rows * self.width
+        return self.rows * self.length
 
-    @property
-    def length(self) -> int:  # a Chunk's name for its length bucket (runtime.serving.cost counts both alike)
-        return self.width
-
-    @property
-    def count(self) -> int:
-        return sum(len(row) for row in self.members)
+    def arrays(self, sequences: Sequence[Sequence[int]], start: int = 0) -> tuple[np.ndarray, ...]:
+        """tokens, positions (from `start`), segments (-1: padding) [rows, width] and last_index [slots] (flat)."""
+        tokens = np.zeros((self.rows, self.length), np.int32)
+        positions = np.zeros((self.rows, self.length), np.int32)
+        segments = np.full((self.rows, self.length), -1, np.int32)
+        last = np.zeros((self.head_batch,), np.int32)
+        slot = 0
+        for r, row in enumerate(self.row_members):
+            offset = 0
+            for segment, i in enumerate(row):
+                n = len(sequences[i])
+                tokens[r, offset: offset + n] = sequences[i]
+                positions[r, offset: offset + n] = np.arange(start, start + n)
+                segments[r, offset: offset + n] = segment
+                last[slot] = r * self.length + offset + n - 1
+                slot += 1
+                offset += n
+        return tokens, positions, segments, last
 
 
 def first_fit(lengths: list[int], order: list[int], width: int, per_row: int) -> list[list[int]]:
@@ -121,7 +173,7 @@ def first_fit(lengths: list[int], order: list[int], width: int, per_row: int) ->
     return rows
 
 
-def pack(packing: Packing, lengths: list[int], width: int, row_buckets: tuple[int, ...],
+def pack(packing: PackedLayout, lengths: list[int], width: int, row_buckets: tuple[int, ...],
          narrow: tuple[int, ...] = ()) -> list[Pack]:
     """Sequences of these lengths (each at most `width`) as device batches of `width`-wide rows. Row counts are
     buckets: the rest of the rows in one bucket when their tokens fill at least `fill` of it, else the largest
@@ -146,12 +198,12 @@ def pack(packing: Packing, lengths: list[int], width: int, row_buckets: tuple[in
         w = width
         if bucket == 1:  # the narrowest row that holds it, slots included
             w = next((n for n in narrow if used[start] <= n and len(members[0]) <= packing.slots_for(1, n)), width)
-        packs.append(Pack(bucket, w, packing.slots_for(bucket, w), members))
+        packs.append(Pack.of(bucket, w, packing.slots_for(bucket, w), members))
         start += take
     return packs
 
 
-def pack_full(packing: Packing, lengths: list[int], length_buckets: tuple[int, ...]) -> list[Pack]:
+def pack_full(packing: PackedLayout, lengths: list[int], length_buckets: tuple[int, ...]) -> list[Pack]:
     """Whole sequences: short ones packed into W-wide rows (or one narrow row), longer ones into rows of their
     length bucket (sequences of one width bucket together)."""
     groups: dict[int, list[int]] = {}
@@ -162,34 +214,10 @@ def pack_full(packing: Packing, lengths: list[int], length_buckets: tuple[int, .
         buckets = packing.rows if width == packing.width else packing.wide_rows
         narrow = packing.narrow_widths(False) if width == packing.width else ()
         for p in pack(packing, [lengths[i] for i in indices], width, buckets, narrow):
-            p.members = [[indices[i] for i in row] for row in p.members]
-            packs.append(p)
+            packs.append(Pack.of(p.rows, p.length, p.head_batch, [[indices[i] for i in row] for row in p.row_members]))
     return packs
 
 
-def pack_continuations(packing: Packing, lengths: list[int]) -> list[Pack]:
+def pack_continuations(packing: PackedLayout, lengths: list[int]) -> list[Pack]:
     """Items after a shared prefix (each at most W tokens) into W-wide rows."""
     return pack(packing, lengths, packing.width, packing.rows, packing.narrow_widths(True))
-
-
-def arrays(p: Pack, sequences: list, start: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                                               list[int]]:
-    """tokens, positions (from `start`), segments (-1: padding) [rows, width], last_index [slots] (flat) and the
-    sequence index of each slot, for one pack of `sequences`."""
-    tokens = np.zeros((p.rows, p.width), np.int32)
-    positions = np.zeros((p.rows, p.width), np.int32)
-    segments = np.full((p.rows, p.width), -1, np.int32)
-    last = np.zeros((p.slots,), np.int32)
-    order = []
-    for r, row in enumerate(p.members):
-        offset = 0
-        for segment, i in enumerate(row):
-            seq = sequences[i]
-            n = len(seq)
-            tokens[r, offset: offset + n] = seq
-            positions[r, offset: offset + n] = np.arange(start, start + n)
-            segments[r, offset: offset + n] = segment
-            last[len(order)] = r * p.width + offset + n - 1
-            order.append(i)
-            offset += n
-    return tokens, positions, segments, last, order

@@ -1,16 +1,9 @@
-"""Platform choices, decided in one place from measurements: dtype, layer loop, attention kernel, matmul precision
-and the default shape buckets, for the backend JAX runs on (cpu, gpu, tpu).
+"""Platform choices, decided in one place: dtype, layer loop, attention kernel, matmul precision, bucket layout and
+the default shape buckets, for the backend JAX runs on (cpu, gpu, tpu), and whether cuDNN attention runs a model.
 
-| choice | cpu (2-core dev machine) | gpu (H100) / tpu |
-| --- | --- | --- |
-| dtype | float32: bfloat16 ran 2.7x slower at batch 1 | bfloat16 weights and activations |
-| layer loop | scanned; unrolled only for bfloat16 (its fast kernels need static weight slices: 1.35x) | scanned: unrolled compiled 12x slower on the GPU (56.6 s against 4.8 s) |
-| attention | XLA, float32 Q/K/V | GPU: cuDNN flash attention on bfloat16 Q/K/V (float32 softmax), XLA in float32 otherwise; TPU: XLA on bfloat16 Q/K/V |
-| float32 matmuls | exact already | precision "highest": the GPU default (TF32) moved log-probs by 0.028 |
-| buckets | batches up to 32, suffix batches 8 and 32, completion batches 1 and 8 (2 cores saturate at batch 1) | batches up to 256, suffix batches up to 512 (W2 1,522 -> 1,836 items/s), completion batches 1, 8, 64 |
-| rounds in flight | 1: host and device share the cores | 2: the next round is planned and dispatched while one runs |
-
-Each is a setting whose default, `auto`, means this table; an explicit setting wins.
+Each choice is a setting whose default, `auto`, means what `resolve` picks here; an explicit setting wins. Why each
+default is what it is, with the measurements behind it and their dates, is in docs/how-it-works.md ("Platform
+choices"); the numbers below in comments are those measurements' conclusions, not copies of the table.
 """
 
 from __future__ import annotations
@@ -18,10 +11,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import jax
+import numpy as np
+
+from runtime.model import attention
 from runtime.model.config import ModelConfig
 from runtime.model.transformer import Kernels
 from runtime.serving.buckets import label_buckets
-from runtime.serving.packing import Packing
+from runtime.serving.grid import GridLayout
+from runtime.serving.layout import BucketLayout
+from runtime.serving.packed import PackedLayout
 from runtime.settings import Settings
 
 log = logging.getLogger("scorefn.runtime")
@@ -39,12 +38,10 @@ class Platform:
     backend: str  # cpu | gpu | tpu
     dtype: str  # float32 | bfloat16
     kernels: Kernels
-    batch_buckets: tuple[int, ...]
-    suffix_batch_buckets: tuple[int, ...]
+    layout: BucketLayout  # whole sequences and items after a shared prefix: the grid or packed rows
     max_bucket_tokens: int
     completion_batch_buckets: tuple[int, ...]
     label_buckets: tuple[int, ...] = (4, 16, 64, 256, 1024)
-    packing: Packing | None = None  # sequences packed into rows (runtime.serving.packing); None: the grid
     # Rounds dispatched and not yet fetched. An accelerator runs one while the host plans and dispatches the next;
     # on a CPU host and "device" share the cores, so one (and a drain never waits behind a second).
     rounds_in_flight: int = 1
@@ -53,10 +50,9 @@ class Platform:
         k = self.kernels
         return (f"{self.backend}: {self.dtype}, layer loop {'unrolled' if k.unroll else 'scanned'}, attention "
                 f"{k.attention} in {k.attention_dtype}, matmul precision {k.matmul_precision or 'default'}, "
-                + (f"packed rows of {self.packing.width} ({self.packing.rows}), " if self.packing else
-                   f"batches {self.batch_buckets}, suffix batches {self.suffix_batch_buckets}, ")
-                + f"completion batches {self.completion_batch_buckets}, labels {self.label_buckets}, "
-                f"at most {self.max_bucket_tokens} tokens per bucket, {self.rounds_in_flight} round(s) in flight")
+                f"{self.layout.describe()}, completion batches {self.completion_batch_buckets}, labels "
+                f"{self.label_buckets}, at most {self.max_bucket_tokens} tokens per bucket, {self.rounds_in_flight} "
+                f"round(s) in flight")
 
 
 def attention_dtype(backend: str, dtype: str, attention: str) -> str:
@@ -67,8 +63,6 @@ def attention_dtype(backend: str, dtype: str, attention: str) -> str:
 
 
 def current_backend() -> str:
-    import jax
-
     return _backend_name(jax.default_backend())
 
 
@@ -81,8 +75,10 @@ def _backend_name(platform: str) -> str:
     return "gpu" if platform in ("cuda", "rocm", "gpu") else platform
 
 
-def resolve(settings: Settings, backend: str | None = None) -> Platform:
-    """The platform's choices for `settings` (auto settings filled in); no device work, no model needed."""
+def resolve(settings: Settings, backend: str | None = None, data: int = 1) -> Platform:
+    """The platform's choices for `settings` (auto settings filled in) on a mesh whose data axis is `data` devices
+    (it splits every device batch by rows: auto batch buckets are rounded up to multiples of it, explicit ones stay
+    as set and runtime.serving.sharding names any that do not split); no device work, no model needed."""
     backend = backend or current_backend()
     accelerator = backend != "cpu"
     batches, suffix_batches, max_tokens, completion_batches = DEFAULT_BUCKETS["accelerator" if accelerator else "cpu"]
@@ -94,31 +90,22 @@ def resolve(settings: Settings, backend: str | None = None) -> Platform:
     kernels = Kernels(unroll=loop == "unroll", attention=attention,
                       attention_dtype=attention_dtype(backend, dtype, attention),
                       matmul_precision="highest" if accelerator else None)
-    layout = settings.bucket_layout if settings.bucket_layout != "auto" else ("packed" if accelerator else "grid")
-    packing = None
-    if layout == "packed":  # rows no wider than the longest sequence served
-        width = min(Packing.width, settings.length_buckets[-1])
-        packing = Packing(width=width, narrow=tuple(w for w in Packing.narrow if w < width))
+
+    def buckets(explicit: tuple[int, ...] | None, auto: tuple[int, ...]) -> tuple[int, ...]:
+        return explicit or tuple(sorted({-(-b // data) * data for b in auto}))
+    layout_name = settings.bucket_layout if settings.bucket_layout != "auto" else ("packed" if accelerator else "grid")
+    layout: BucketLayout
+    if layout_name == "packed":  # rows no wider than the longest sequence served
+        width = min(PackedLayout.width, settings.length_buckets[-1])
+        layout = PackedLayout(width=width, narrow=tuple(w for w in PackedLayout.narrow if w < width)).for_data_axis(data)
+    else:
+        layout = GridLayout(buckets(settings.batch_buckets, batches), settings.suffix_length_buckets,
+                            buckets(settings.suffix_batch_buckets, suffix_batches))
     # Accelerators: two label buckets (each is an executable per slot count); the CPU keeps its finer set.
     labels = label_buckets(settings.max_labels, (16,) if accelerator else None)
-    return Platform(backend, dtype, kernels, settings.batch_buckets or batches,
-                    settings.suffix_batch_buckets or suffix_batches, settings.max_bucket_tokens or max_tokens,
-                    settings.completion_batch_buckets or completion_batches, labels, packing,
+    return Platform(backend, dtype, kernels, layout, settings.max_bucket_tokens or max_tokens,
+                    buckets(settings.completion_batch_buckets, completion_batches), labels,
                     rounds_in_flight=2 if accelerator else 1)
-
-
-def fit_to_data_axis(platform: Platform, settings: Settings, data: int) -> Platform:
-    """Auto batch buckets rounded up to multiples of the mesh's data axis, which splits every device batch;
-    explicit ones stay as set (runtime.serving.sharding.check_batches names any that do not split)."""
-    def fit(explicit: tuple[int, ...] | None, auto: tuple[int, ...]) -> tuple[int, ...]:
-        return explicit or tuple(sorted({-(-b // data) * data for b in auto}))
-    if data == 1:
-        return platform
-    return dataclasses.replace(
-        platform, packing=platform.packing.fit_to_data_axis(data) if platform.packing else None,
-        batch_buckets=fit(settings.batch_buckets, platform.batch_buckets),
-        suffix_batch_buckets=fit(settings.suffix_batch_buckets, platform.suffix_batch_buckets),
-        completion_batch_buckets=fit(settings.completion_batch_buckets, platform.completion_batch_buckets))
 
 
 def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool,
@@ -178,11 +165,6 @@ def _with_xla_attention(platform: Platform) -> Platform:
 def cudnn_probe(cfg: ModelConfig, dtype: str) -> str | None:
     """Run both attention calls the model makes through cuDNN and XLA on small random inputs of this model's
     head layout; None when cuDNN runs them and agrees, else what went wrong."""
-    import jax
-    import numpy as np
-
-    from runtime.model import attention
-
     rng = np.random.default_rng(0)
     B, T, C, N, K, E = 2, 8, 16, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 

@@ -62,9 +62,11 @@ class Scheduler:
     LOAD_WINDOWS_S = (30.0, 5.0)
 
     def __init__(self, model: ServiceModel, cost: Callable[[Any], Work], max_queue: int, max_wait_s: float,
-                 round_cost: Callable[[list], Work] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 round_cost: Callable[[list], Work] | None = None, clock: Callable[[], float] = time.monotonic,
+                 slice_rows: Callable[[Any], int] | None = None) -> None:
         """`cost(job)`: a request's device work on a busy device (what it adds to a round); `round_cost(jobs)`: the
-        work of a round as the scorer plans it (default: the sum of its slices')."""
+        work of a round as the scorer plans it (default: the sum of its slices'); `slice_rows(job)`: the fewest of
+        its rows worth a slice (default 1)."""
         self.model = model
         self.max_queue = max_queue
         self.max_wait_s = max_wait_s
@@ -74,6 +76,7 @@ class Scheduler:
         self.admitted = 0
         self._cost = cost
         self._round_cost = round_cost
+        self._min_rows = slice_rows or (lambda job: 1)
         self._clock = clock
         self._queue: list[Entry] = []  # admitted, not finished, in order of arrival
         self._in_flight: list[Round] = []
@@ -89,7 +92,8 @@ class Scheduler:
     def admit(self, job: Any, deadline: float | None, request_id: str | None) -> concurrent.futures.Future:
         work = self._cost(job)  # outside the lock: finding a shared prefix reads every sequence
         shared = Work(batches=1, context=work.context) if work.context else Work()
-        entry = Entry(job, deadline, request_id, shared, (work - shared) * (1 / len(job.sequences)))
+        entry = Entry(job, deadline, request_id, shared, (work - shared) * (1 / len(job.sequences)),
+                      min_rows=self._min_rows(job))
         with self._cv:
             if self._closed:
                 raise ShuttingDown("the server is shutting down")
@@ -261,12 +265,13 @@ class Scheduler:
 
     def _smallest(self, entry: Entry) -> int:
         """Rows of an entry's smallest slice: enough that its device batch adds at most SLICE_OVERHEAD to each row's
-        price, and with a shared prefix (computed again for every slice) enough rows to cost as much as the prefix
-        (and 2): slicing costs little of the device time it splits."""
+        price, and with a shared prefix (computed again for every slice) enough rows to cost as much as the prefix,
+        and to fill its first device batch after it (entry.min_rows): slicing costs little of the device time it
+        splits."""
         row_s = self.model.seconds(entry.per_row)
         rows = math.ceil(self.model.seconds(Work(batches=1)) / (self.SLICE_OVERHEAD * row_s) - 1e-9)
         if entry.shared.batches:
-            rows = max(rows, 2, math.ceil(self.model.seconds(entry.shared) / row_s - 1e-9))
+            rows = max(rows, 2, entry.min_rows, math.ceil(self.model.seconds(entry.shared) / row_s - 1e-9))
         return min(max(1, rows), entry.rows_left)
 
     def _smallest_s(self, entry: Entry) -> float:

@@ -10,8 +10,9 @@ a `NamedSharding` per parameter, and `jit` with in/out shardings per entry point
   always are. Qwen3-MoE's experts split by their hidden units, as the MLP does.
   The layer axis of the stacked weights is never split (the layers run under `lax.scan`).
 
-One device (the default on a laptop or a one-GPU machine) skips all of this: `build_layout` returns None
-and the runtime runs exactly as unsharded code.
+Each program's arguments and results are laid out by their roles in runtime.serving.programs. One device (the
+default on a laptop or a one-GPU machine) skips all of this: `build_mesh_layout` returns None and the runtime runs
+exactly as unsharded code.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from runtime.serving.buckets import BucketPlan
 from runtime.model.config import ModelConfig
+from runtime.serving.buckets import BucketPlan
+from runtime.serving.programs import PROGRAMS
 
 log = logging.getLogger("scorefn.runtime")
 
@@ -106,15 +108,12 @@ def param_spec(name: str, parts: dict[str, bool]) -> P:
 
 
 def check_batches(plan: BucketPlan, data: int, mesh_text: str) -> None:
-    """Every batch bucket must split evenly over the data axis."""
+    """Every device batch must split evenly over the data axis: the layout's and the completions' batch buckets."""
     if data == 1:
         return
-    checks = [] if plan.packing else [("SCOREFN_BATCH_BUCKETS", sorted({b for b, _ in plan.full()}))]
-    if plan.prefix_sharing and not plan.packing:  # packed row counts are fitted to the data axis already
-        checks.append(("SCOREFN_SUFFIX_BATCH_BUCKETS", sorted({b for _, b, _ in plan.continuations()})))
-    checks.append(("SCOREFN_COMPLETION_BATCH_BUCKETS", sorted({b for b, _ in plan.completions()})))
-    problems = [f"{setting} has {', '.join(map(str, bad))}" for setting, batches in checks
-                if (bad := [b for b in batches if b % data])]
+    completions = [b for b in sorted({b for b, _ in plan.completions()}) if b % data]
+    problems = plan.layout.problems(plan, data) + (
+        [f"SCOREFN_COMPLETION_BATCH_BUCKETS has {', '.join(map(str, completions))}"] if completions else [])
     if problems:
         raise MeshError(
             f"the mesh {mesh_text} splits every device batch over {data} devices on the data axis, but some batch "
@@ -122,28 +121,12 @@ def check_batches(plan: BucketPlan, data: int, mesh_text: str) -> None:
             f"(e.g. {','.join(str(data * k) for k in (1, 2, 4, 8))}) or a smaller data axis (SCOREFN_MESH=DATAxMODEL)")
 
 
-# ---- how each entry point's arguments and results are laid out -------------------------------------------
-
-# "batch": rows split over the data axis; "kv": shared-prefix keys/values [Layers, C, K, E], split by KV
-# heads when those are; "rep": replicated. A new entry point of runtime.model.transformer needs a row here.
-ENTRY_POINTS: dict[str, tuple[tuple[str, ...], Any]] = {
-    "hidden": (("batch", "batch"), "batch"),
-    "prefill_context": (("rep",), ("kv", "kv")),
-    "hidden_after_context": (("kv", "kv", "rep", "batch", "batch"), "batch"),
-    "hidden_packed": (("batch", "batch", "batch", "rep"), "batch"),
-    "hidden_packed_after_context": (("kv", "kv", "rep", "batch", "batch", "batch", "rep"), "batch"),
-    "label_logprobs": (("batch", "batch"), "batch"),
-    "class_logits": (("batch",), "batch"),
-    "token_logprobs": (("batch", "batch", "batch", "batch"), ("batch", "batch", "batch", "batch", "batch")),
-}
-
-
 def _param_name(path: Sequence[Any]) -> str:
     return ".".join(str(key.key) for key in path if isinstance(key, jax.tree_util.DictKey))
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class MeshLayout:
     """A mesh and where every parameter, input and output of the runtime lives on it."""
 
     mesh: Mesh
@@ -179,12 +162,12 @@ class Layout:
         return jax.tree_util.tree_map_with_path(put, state)
 
     def jit(self, fn: Callable, method: str, state: Any, example_args: Sequence[Any]) -> Any:
-        """`jax.jit(fn)` with the shardings of `method`'s arguments and results; `state` already placed."""
-        if method not in ENTRY_POINTS:
-            raise MeshError(f"no sharding rule for entry point {method!r}: add it to runtime.serving.sharding.ENTRY_POINTS")
-        arg_roles, out_roles = ENTRY_POINTS[method]
+        """`jax.jit(fn)` with the shardings of the program's arguments and results (runtime.serving.programs);
+        `state` already placed."""
+        program = PROGRAMS[method]
+        arg_roles, out_roles = program.arg_roles, program.out_roles
         if len(arg_roles) != len(example_args):
-            raise MeshError(f"{method} takes {len(example_args)} arguments, ENTRY_POINTS lists {len(arg_roles)}")
+            raise MeshError(f"{method} takes {len(example_args)} arguments, its declaration lists {len(arg_roles)}")
         for role, arg in zip(arg_roles, example_args):
             if role == "batch" and arg.shape[0] % self.data:
                 raise MeshError(f"{method}: batch of {arg.shape[0]} rows does not split over {self.data} devices "
@@ -209,8 +192,8 @@ def make_mesh(data: int, model: int, devices: Sequence[Any]) -> Mesh:
         return Mesh(np.asarray(devices, dtype=object).reshape(data, model), (DATA, MODEL), axis_types=axis_types)
 
 
-def build_layout(mesh_text: str, cfg: ModelConfig, plan: BucketPlan,
-                 devices: Sequence[Any] | None = None) -> Layout | None:
+def build_mesh_layout(mesh_text: str, cfg: ModelConfig, plan: BucketPlan,
+                      devices: Sequence[Any] | None = None) -> MeshLayout | None:
     """The layout for SCOREFN_MESH on this host's devices, or None for a single device (no sharding at all).
 
     Raises MeshError, naming the numbers, for a layout that cannot work: more devices than the host has, a
@@ -224,6 +207,6 @@ def build_layout(mesh_text: str, cfg: ModelConfig, plan: BucketPlan,
     parts = sharded_parts(cfg, model, data)
     if data * model < len(devices):
         log.warning("SCOREFN_MESH=%s uses %d of %d devices", mesh_text, data * model, len(devices))
-    layout = Layout(make_mesh(data, model, devices[: data * model]), parts)
+    layout = MeshLayout(make_mesh(data, model, devices[: data * model]), parts)
     log.info("sharding: %s", layout.describe())
     return layout

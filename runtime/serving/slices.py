@@ -32,6 +32,7 @@ class Entry:
     next_row: int = 0  # rows [0, next_row) are dispatched
     started: bool = False  # its first slice is taken (its future is running)
     admission: Admission | None = None  # set when admitted
+    min_rows: int = 1  # the fewest rows worth a slice of their own (a shared prefix's first device batch)
     parts: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (first row, a slice's result)
     rows_done: int = 0
     device_s: float = 0.0  # seconds of the rounds that carried its slices

@@ -83,6 +83,8 @@ class Target:
 
     def devices(self) -> list[Any]:
         """Compile-only devices of this target (the real CPU devices for `cpu`)."""
+        # JAX imported here, not with this module: `scorefn compile` and `bench --roofline` parse a target's name
+        # and set JAX_PLATFORMS=cpu before JAX is imported (runtime.tools.cli).
         import jax
         from jax.experimental import topologies
 

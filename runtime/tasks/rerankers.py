@@ -34,7 +34,7 @@ QUERY, DOCUMENT = "{query}", "{document}"
 HEAD_TEMPLATE = QUERY + DOCUMENT  # vLLM's default pair for an LLM-based sequence-classification reranker
 
 # The embedded default: relevance on SmolLM2-135M-Instruct. Of 13 wordings tried on the 8 cases of
-# tests/runtime/test_rerank_models.py (a relevant passage, three unrelated ones), this one ranked every relevant
+# tests/runtime/tasks/test_rerank_models.py (a relevant passage, three unrelated ones), this one ranked every relevant
 # passage first (24 of 24 pairs; without the chat template's system prompt 18 of 24, with " yes" / " no" 23).
 # Short, so that pairs fit the 64-token buckets of the end-to-end tests.
 BUILTIN_TOML = '''

@@ -6,23 +6,24 @@ Two baselines, on CUDA when PyTorch sees a GPU, else on the CPU:
   computed once, repeated over a batch of items, the items run against it (right-padded), the vocabulary
   projection only at each item's last token.
 Both return log P(label | sequence) [items, labels] as NumPy float32; `token_logprobs` computes what
-/v1/completions echoes. Used by `scorefn bench` only.
+/v1/completions echoes. Used by `scorefn bench` only. PyTorch (and transformers' PyTorch models) are a test-only
+dependency: they are imported when a baseline is built, so the roofline and the CPU bench without baselines run
+without them.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
+
+from runtime.model.gguf import GGUF_WEIGHTS
 
 
 def _pretrained(model_dir: Path) -> dict[str, str]:
     """from_pretrained's arguments for a model directory. A directory prepared from a GGUF file keeps its weights in
     that file (runtime.model.gguf), so transformers reads the same file."""
-    import json
-
-    from runtime.model.gguf import GGUF_WEIGHTS
-
     table = model_dir / GGUF_WEIGHTS
     if not table.is_file():
         return {"pretrained_model_name_or_path": str(model_dir)}

@@ -31,17 +31,23 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.serving.jobs import common_prefix_length
-from runtime.settings import load_settings
+import httpx
+import jax
+import jax.numpy as jnp
 
-QWEN3_CONFIG = Path(__file__).resolve().parent.parent / "model" / "configs" / "qwen3-0.6b.json"
-W1_SIZES = (1, 32, 256)
-W1_QUERY, W1_ITEM = 15, 8  # tokens (RFC-000's table: a short classification prompt, short items)
-W2_SIZES = {"w2": (1000, 100, 20), "w2_peer": (2000, 500, 20)}  # query tokens, items, item tokens
-W4_SIZE = (64, 256, 5)  # prompts, tokens each, top alternatives per position (echo + logprobs)
-# W5 reranking, as the built-in yes/no reranker lays a pair out: template head, query, document, template tail.
-W5_SIZE = (27, 64, 100, 100, 22)  # head tokens, query tokens, documents, document tokens, tail tokens
-FIRST_ID = 100  # generated token IDs avoid the low IDs most vocabularies reserve for special tokens
+from runtime.model.config import config_from_hf, load_config
+from runtime.model.loader import load_model, resolve_model_dir
+from runtime.serving import platform as platforms
+from runtime.serving import startup
+from runtime.serving.jobs import common_prefix_length
+from runtime.serving.store import cache_events, enable_persistent_cache
+from runtime.settings import load_settings
+from runtime.tools.baselines import TorchScorer, random_checkpoint
+from runtime.tools.roofline import padding_report, roofline_report
+from runtime.tools.serverproc import ServerProcess
+from runtime.tools.workloads import (FIRST_ID, QWEN3_CONFIG, W1_SIZES, W2_SIZES, W4_SIZE, W5_SIZE, w1_request,
+                                     w2_request, w4_prompts, w5_request)
+
 
 
 # ---- measurement helpers -----------------------------------------------------------------------------------
@@ -66,9 +72,6 @@ def summarize(latencies: list[float], items: int) -> dict:
 def matmul_peak(accelerator: bool) -> tuple[float, str]:
     """(GFLOP/s, dtype) of the fastest matmul with float32 accumulation: bfloat16 8192^3 on an accelerator; on a
     CPU model-shaped, the faster of bfloat16 and float32."""
-    import jax
-    import jax.numpy as jnp
-
     m, k, n = (8192, 8192, 8192) if accelerator else (2048, 576, 1536)
     f = jax.jit(lambda x, w: jnp.einsum("mi,io->mo", x, w, preferred_element_type=jnp.float32))
 
@@ -99,29 +102,9 @@ def request_flops(cfg, sequences: list[list[int]]) -> float:
     return sequence_flops(cfg, shared) + sum(sequence_flops(cfg, len(s) - shared, shared) for s in sequences)
 
 
-# ---- workloads -----------------------------------------------------------------------------------------------
-
-def token_ids(rng: np.random.Generator, vocab: int, n: int) -> list[int]:
-    return rng.integers(FIRST_ID, vocab, n).tolist()
-
-
-def w1_request(vocab: int, items: int, seed: int = 1) -> tuple[list[list[int]], list[int]]:
-    rng = np.random.default_rng(seed)
-    query = token_ids(rng, vocab, W1_QUERY)
-    lengths = rng.integers(W1_ITEM - 2, W1_ITEM + 3, items)
-    return [query + token_ids(rng, vocab, int(n)) for n in lengths], token_ids(rng, vocab, 3)
-
-
-def w2_request(vocab: int, query_tokens: int, items: int, item_tokens: int) -> tuple[list[int], list[list[int]]]:
-    rng = np.random.default_rng(2)
-    return token_ids(rng, vocab, query_tokens), [token_ids(rng, vocab, item_tokens) for _ in range(items)]
-
-
 async def _http_clients(url: str, clients: int, seconds: float, body: dict) -> tuple[list[float], float]:
     """Latencies of the requests `clients` closed-loop clients send for `seconds`, and the wall time until the last
     answer (requests in flight at the deadline finish: counting them against `seconds` alone would overstate)."""
-    import httpx
-
     latencies: list[float] = []
     started_at = time.perf_counter()
     stop_at = started_at + seconds
@@ -140,8 +123,6 @@ async def _http_clients(url: str, clients: int, seconds: float, body: dict) -> t
 
 
 def _engine_counter(url: str, name: str) -> float:
-    import httpx
-
     for line in httpx.get(url + "/metrics").text.splitlines():
         if line.startswith((name + " ", name + "_total ")):  # counters carry the _total suffix
             return float(line.split()[1])
@@ -149,8 +130,6 @@ def _engine_counter(url: str, name: str) -> float:
 
 
 def run_w3(seconds: float, clients: int, env: dict[str, str]) -> dict:
-    from runtime.tools.serverproc import ServerProcess
-
     body = {"query": "Review: the room was clean and close to the station. Sentiment:",
             "items": [" The friendly staff greeted us at the door."], "label_token_ids": [2731, 3524]}
     # W3 measures how far batching across requests goes, not admission: the queue may wait as long as it takes.
@@ -171,8 +150,7 @@ def run_w3(seconds: float, clients: int, env: dict[str, str]) -> dict:
 def run_w4(scorer, baselines: dict, vocab: int, smoke: bool, quick: bool) -> dict:
     """Per-token log-probabilities with the top alternatives of every position (an evaluation harness's load)."""
     prompts, tokens, top_k = (4, 32, W4_SIZE[2]) if smoke else W4_SIZE
-    rng = np.random.default_rng(4)
-    sequences = [token_ids(rng, vocab, tokens) for _ in range(prompts)]
+    sequences = w4_prompts(vocab, prompts, tokens)
     runs = 2 if quick else 5
     entry = {"prompts": prompts, "tokens": tokens,
              "scorefn": summarize(timed_runs(lambda: scorer.token_logprobs(sequences), runs), prompts)}
@@ -187,15 +165,11 @@ def run_w4(scorer, baselines: dict, vocab: int, smoke: bool, quick: bool) -> dic
 
 def run_w5(scorer, settings, loaded, baselines: dict, vocab: int, smoke: bool, quick: bool) -> dict:
     """Reranking: pairs that share the template head and the query, scored with and without prefix sharing."""
-    from runtime.serving.engine import build_scorer
-
-    head_tokens, query_tokens, documents, document_tokens, tail_tokens = (27, 16, 4, 16, 8) if smoke else W5_SIZE
-    rng = np.random.default_rng(5)
-    prefix = token_ids(rng, vocab, head_tokens + query_tokens)
-    tail = token_ids(rng, vocab, tail_tokens)
-    rests = [token_ids(rng, vocab, document_tokens) + tail for _ in range(documents)]
-    sequences, labels = [prefix + rest for rest in rests], token_ids(rng, vocab, 2)  # the yes and no tokens
-    unshared, _ = build_scorer(settings.replace(prefix_sharing=False), loaded, lazy=True)
+    sizes = (27, 16, 4, 16, 8) if smoke else W5_SIZE
+    documents = sizes[2]
+    prefix, rests, labels = w5_request(vocab, *sizes)
+    sequences = [prefix + rest for rest in rests]
+    unshared, _ = startup.scorer(settings.replace(prefix_sharing=False), loaded, lazy=True)
     runs = 2 if quick else 5
     entry = {"documents": documents, "scorefn": summarize(timed_runs(lambda: scorer.score(sequences, labels), runs),
                                                           documents),
@@ -224,18 +198,14 @@ def compile_times(model_dir: Path) -> dict:
 
 def compile_only(model_dir: str) -> int:
     """`python -m runtime.tools.bench --compile-only DIR`: load, compile every default bucket, print the timings."""
-    from runtime.serving.engine import build_scorer
-    from runtime.serving.executables import cache_events, enable_persistent_cache
-    from runtime.model.loader import load_model
-
     settings = load_settings()
     enable_persistent_cache(settings.xla_cache_dir)
     started = time.perf_counter()
     loaded = load_model(model_dir, settings.cache_dir)
-    scorer, platform = build_scorer(settings, loaded)
+    scorer, platform = startup.scorer(settings, loaded)
     loaded_s = time.perf_counter() - started
     compiled = time.perf_counter()
-    buckets = scorer.compile_all()
+    buckets = scorer.exe.warm_up(scorer.plan.programs(scorer.task))
     events = cache_events()
     print(json.dumps({"buckets": buckets, "load_s": loaded_s, "compile_s": time.perf_counter() - compiled,
                       "cache_hits": events["hits"], "cache_misses": events["misses"],
@@ -247,9 +217,6 @@ def run_roofline(args: argparse.Namespace) -> int:
     """`scorefn bench --roofline TARGET`: no device needed. The real planner's device batches for every workload
     in the grid and the packed layout, their padded tokens, and the device time they need at the target's peak
     compute and bandwidth (upper bounds on items/s; runtime.tools.roofline)."""
-    from runtime.model.config import load_config
-    from runtime.tools.roofline import padding_report, roofline_report
-
     config = Path(args.model_config or QWEN3_CONFIG)
     cfg = load_config(config.parent) if config.name == "config.json" else _config_file(config)
     settings = load_settings()
@@ -269,8 +236,6 @@ def run_roofline(args: argparse.Namespace) -> int:
 
 
 def _config_file(path: Path):
-    from runtime.model.config import config_from_hf
-
     return config_from_hf(json.loads(path.read_text()))
 
 
@@ -279,10 +244,6 @@ def _config_file(path: Path):
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "roofline", None):
         return run_roofline(args)
-    from runtime.serving import platform as platforms
-    from runtime.serving.engine import build_scorer
-    from runtime.model.loader import load_model, resolve_model_dir
-
     # PyTorch's baselines share the GPU: JAX takes memory as it needs it instead of 75% up front.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     settings = load_settings()
@@ -295,12 +256,11 @@ def main(args: argparse.Namespace) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="scorefn-bench-")
     config = args.model_config or (str(QWEN3_CONFIG) if accelerator else None)
     if config:
-        from runtime.tools.baselines import random_checkpoint
         model_dir = random_checkpoint(config, Path(tmp.name))
     else:
         model_dir, _ = resolve_model_dir(settings.model, settings.cache_dir)  # SCOREFN_MODEL, else the embedded one
     loaded = load_model(str(model_dir), settings.cache_dir)
-    scorer, platform = build_scorer(settings, loaded, lazy=True)
+    scorer, platform = startup.scorer(settings, loaded, lazy=True)
     cfg, vocab = loaded.cfg, loaded.cfg.vocab_size
     peak, peak_dtype = matmul_peak(accelerator)
     report: dict = {"backend": backend, "platform": platform.describe(), "cpus": os.cpu_count(),
@@ -312,7 +272,6 @@ def main(args: argparse.Namespace) -> int:
 
     baselines = {}
     if not args.skip_torch:
-        from runtime.tools.baselines import TorchScorer
         # On a CPU without bfloat16 instructions PyTorch's bfloat16 runs ~5x slower than float32: not what a user
         # would run there, so only float32.
         dtypes = ("bfloat16",) if accelerator else ("bfloat16", "float32") if cpu_has_bf16() else ("float32",)

@@ -1,4 +1,8 @@
-"""`scorefn` command line: serve, score, warmup, compile, prepare, bench, settings."""
+"""`scorefn` command line: serve, score, warmup, compile, prepare, bench, settings.
+
+Each command imports what it runs when it runs (imports inside the functions below, on purpose): `scorefn serve`
+replaces this process with granian and `scorefn settings` prints a table, neither loading JAX; `scorefn compile`
+and `bench --roofline` set JAX_PLATFORMS before JAX is imported."""
 
 from __future__ import annotations
 
@@ -31,13 +35,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _one_shot_scorer(settings):
     """A scorer that compiles only the buckets a single CLI run touches."""
-    from runtime.serving.engine import build_scorer
-    from runtime.serving.executables import enable_persistent_cache
     from runtime.model.loader import load_model
+    from runtime.serving import startup
+    from runtime.serving.store import enable_persistent_cache
 
     enable_persistent_cache(settings.xla_cache_dir)
     loaded = load_model(settings.model, settings.cache_dir, settings.model_id)
-    scorer, _ = build_scorer(settings, loaded, lazy=True)
+    scorer, _ = startup.scorer(settings, loaded, lazy=True)
     return scorer
 
 
@@ -99,18 +103,28 @@ def cmd_settings(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    if args.roofline:
-        from runtime.serving.targets import parse_target
+def _compile_only_host(target_name: str | None) -> None:
+    """For a GPU or TPU target: JAX runs on the CPU and the target's devices are compile-only stand-ins. Set before
+    JAX is imported (it reads JAX_PLATFORMS then)."""
+    from runtime.serving.targets import TargetError, parse_target
 
-        if parse_target(args.roofline).backend != "cpu":
-            os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only devices; the process runs on the CPU
+    try:
+        accelerator = target_name and parse_target(target_name).backend != "cpu"
+    except TargetError:
+        return  # the command says what is wrong with the name
+    if accelerator:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    _compile_only_host(args.roofline)
     from runtime.tools.bench import main as bench_main
 
     return bench_main(args)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    _compile_only_host(args.target)
     from runtime.tools.compile import main as compile_main
 
     return compile_main(args)

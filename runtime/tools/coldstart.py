@@ -2,7 +2,7 @@
 
 Runs the production configuration (default buckets unless SCOREFN_* says otherwise) twice against one
 fresh compilation cache directory: the first start compiles every bucket, the second loads them from the
-executable store (runtime.serving.executables) without tracing.
+executable store (runtime.serving.store) without tracing.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from runtime.tools.serverproc import ServerProcess, request_json
 
 REQUEST = {"query": "The capital of France is", "items": [""], "label_token_ids": [7042, 4528]}
 
@@ -29,8 +31,6 @@ def _timings(server) -> dict:
 
 
 def _start(env: dict[str, str]) -> dict:
-    from runtime.tools.serverproc import ServerProcess, request_json
-
     started = time.perf_counter()
     server = ServerProcess(env=env)
     ready_s = time.perf_counter() - started

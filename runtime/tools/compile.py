@@ -6,7 +6,7 @@ devices, so the platform choices are the target's and the store fingerprint is t
 computes. No weights are read: the model's config.json is enough, and a later start that has the weights loads
 the stored executables without compiling. A bucket whose memory exceeds the target device's fails the command,
 naming the bucket and the bytes. Whether a deviceless executable loads on the real device is not verified here:
-one that does not load is compiled at start (runtime.serving.executables.ExecutableStore.load).
+one that does not load is compiled at start (runtime.serving.store.ExecutableStore.load).
 """
 
 from __future__ import annotations
@@ -19,6 +19,13 @@ import sys
 import time
 from pathlib import Path
 
+from runtime.model.config import load_config
+from runtime.model.loader import resolve_model_dir
+from runtime.serving.compose import compose
+from runtime.serving.store import enable_persistent_cache
+from runtime.serving.targets import TargetError, parse_target
+from runtime.settings import load_settings
+
 log = logging.getLogger("scorefn.runtime")
 
 CUDNN_ATTENTION_CALL = "__cudnn$fmha"  # XLA's custom-call target prefix for cuDNN fused attention
@@ -27,8 +34,6 @@ CUDNN_ATTENTION_CALL = "__cudnn$fmha"  # XLA's custom-call target prefix for cuD
 def model_config_dir(model: str, cache_dir: str) -> Path:
     """The directory holding the served model's config.json: SCOREFN_MODEL (a directory, a config.json, a .gguf
     file) or the embedded model."""
-    from runtime.model.loader import resolve_model_dir
-
     path = Path(model).expanduser() if model else None
     if path is not None and path.name == "config.json":
         return path.parent
@@ -68,11 +73,6 @@ def memory_problems(rows: list[dict], target) -> list[str]:
 
 
 def compile_target(target_name: str, settings, json_out: str | None = None) -> dict:
-    from runtime.model.config import load_config
-    from runtime.serving.compose import compose
-    from runtime.serving.executables import enable_persistent_cache
-    from runtime.serving.targets import parse_target
-
     target = parse_target(target_name)
     # The settings' own compile cache, as a start and `scorefn warmup` use: only a fresh compile is stored
     # (runtime.serving.executables.Executables.add), so a cache left configured by earlier work in this process
@@ -84,11 +84,11 @@ def compile_target(target_name: str, settings, json_out: str | None = None) -> d
         raise SystemExit(f"target {target.name} needs {target.device_count} devices, this host offers "
                          f"{len(devices)} (CPU: JAX_NUM_CPU_DEVICES)")
     scorer, platform = compose(settings, cfg, None, devices=devices, probe=False)
-    log.info("compiling for %s: %d executables, fingerprint %s", target.describe(), scorer.plan.count(),
+    log.info("compiling for %s: %d executables, fingerprint %s", target.describe(), scorer.plan.count(cfg.task),
              scorer.exe.fingerprint)
     started = time.perf_counter()
     seconds: dict[tuple, float] = {}
-    scorer.compile_all(lambda i, name, s, key=None: None, seconds)
+    scorer.exe.warm_up(scorer.plan.programs(cfg.task), timings=seconds)
     total = time.perf_counter() - started
     rows = [executable_report(method, key, scorer.exe.get(method, key), seconds.get((method, key), 0.0),
                               scorer.exe.stored_bytes.get((method, key), 0)) for method, key in seconds]
@@ -113,16 +113,11 @@ def compile_target(target_name: str, settings, json_out: str | None = None) -> d
 
 
 def main(args: argparse.Namespace) -> int:
-    from runtime.serving.targets import TargetError, parse_target
-    from runtime.settings import load_settings
-
+    """`scorefn compile --target NAME` (runtime.tools.cli has set JAX_PLATFORMS=cpu for a GPU or TPU target)."""
     try:
-        target = parse_target(args.target)
+        parse_target(args.target)
     except TargetError as exc:
         raise SystemExit(str(exc)) from None
-    if target.backend != "cpu":
-        # Compile-only devices come from the plugin; the process itself runs on the CPU (no GPU/TPU start-up).
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
     report = compile_target(args.target, load_settings(), args.json_out)
     summary = {key: value for key, value in report.items() if key != "executables"}
     print(json.dumps(summary), flush=True)

@@ -17,21 +17,24 @@ import dataclasses
 import types
 from typing import Any
 
-import numpy as np
-
-from runtime.interface import Sampling
-
-
-HEADS = ("label_logprobs", "class_logits")  # read pooled rows: not a forward pass of their own
+from runtime.model.transformer import rope_length_limit
+from runtime.serving import platform as platforms
+from runtime.serving.compose import bucket_plan, compose
+from runtime.serving.jobs import Job, common_prefix_length
+from runtime.serving.programs import PROGRAMS
+from runtime.serving.scorer import Scorer
+from runtime.serving.targets import parse_target
+from runtime.tools.workloads import workloads
 
 
 class Recorder:
-    """Stands in for runtime.serving.executables.Executables: notes every (entry point, bucket) dispatched."""
+    """Stands in for runtime.serving.executables.Executables: notes every (program, bucket) dispatched."""
 
     compile_only = True
     store = None
 
-    def __init__(self):
+    def __init__(self, model: Any):
+        self.model = model  # what the scorer reads of it: the config and the RoPE limit
         self.calls: list[tuple[str, tuple]] = []
 
     def __call__(self, method: str, key: tuple, *args: Any):
@@ -39,34 +42,8 @@ class Recorder:
         return (None, None) if method == "prefill_context" else None
 
 
-def workloads(vocab: int) -> dict[str, tuple[list, str]]:
-    """name -> (jobs, unit): the benchmark's workloads (runtime.tools.bench), at their full sizes."""
-    from runtime.serving.jobs import Job, TokenJob
-    from runtime.tools import bench
-
-    out: dict[str, tuple[list, str]] = {}
-    for n in bench.W1_SIZES:
-        sequences, labels = bench.w1_request(vocab, n)
-        out[f"w1_{n}"] = ([Job(sequences, labels)], "items")
-    for name, (query_tokens, items, item_tokens) in bench.W2_SIZES.items():
-        query, rests = bench.w2_request(vocab, query_tokens, items, item_tokens)
-        out[name] = ([Job([query + rest for rest in rests], [bench.FIRST_ID])], "items")
-    prompts, tokens, _ = bench.W4_SIZE
-    rng = np.random.default_rng(4)
-    sequences = [bench.token_ids(rng, vocab, tokens) for _ in range(prompts)]
-    out["w4"] = ([TokenJob(sequences, [Sampling()] * prompts)], "prompts")
-    head, query, documents, document_tokens, tail = bench.W5_SIZE
-    rng = np.random.default_rng(5)
-    prefix, end = bench.token_ids(rng, vocab, head + query), bench.token_ids(rng, vocab, tail)
-    out["w5"] = ([Job([prefix + bench.token_ids(rng, vocab, document_tokens) + end for _ in range(documents)],
-                      bench.token_ids(rng, vocab, 2))], "documents")
-    return out
-
-
 def needed_tokens(jobs: list) -> int:
     """Tokens the math needs: each request's shared prefix once (as prefix sharing computes it), then the rest."""
-    from runtime.serving.jobs import Job, common_prefix_length
-
     total = 0
     for job in jobs:
         lengths = [len(s) for s in job.sequences]
@@ -76,30 +53,12 @@ def needed_tokens(jobs: list) -> int:
     return total
 
 
-def call_tokens(plan, method: str, key: tuple) -> int:
-    """Token positions one device batch computes (padding included); heads compute none."""
-    if method in ("hidden", "token_logprobs", "hidden_packed"):
-        return key[0] * key[1]
-    if method == "prefill_context":
-        return key[0]
-    if method in ("hidden_after_context", "hidden_packed_after_context"):
-        return key[1] * key[2]
-    return 0
-
-
 def plan_calls(settings, cfg, backend: str, jobs: list):
-    """(plan, the (entry point, bucket) calls the real planner makes for `jobs` on `backend`'s platform)."""
-    from runtime.model.transformer import rope_length_limit
-    from runtime.serving import platform as platforms
-    from runtime.serving.compose import bucket_plan
-    from runtime.serving.scorer import Scorer
-
+    """(plan, the (program, bucket) calls the real planner makes for `jobs` on `backend`'s platform)."""
     platform = platforms.resolve(settings, backend)
     plan = bucket_plan(settings, platform)
-    recorder = Recorder()
-    stub = types.SimpleNamespace(cfg=cfg, attention_dtype=np.float32,
-                                 rope_length_limit=rope_length_limit(cfg, plan.max_length))
-    Scorer(stub, plan, executables=recorder).dispatch(jobs)
+    recorder = Recorder(types.SimpleNamespace(cfg=cfg, rope_length_limit=rope_length_limit(cfg, plan.max_length)))
+    Scorer(plan, recorder).dispatch(jobs)
     return plan, recorder.calls
 
 
@@ -111,53 +70,26 @@ def padding_report(settings, cfg, backend: str) -> dict:
         entry: dict = {}
         for name, (jobs, _) in workloads(cfg.vocab_size).items():
             plan, calls = plan_calls(laid, cfg, backend, jobs)
-            computed = sum(call_tokens(plan, method, key) for method, key in calls)
-            entry[name] = {"device_batches": sum(1 for method, _ in calls if method not in HEADS),
+            computed = sum(PROGRAMS[method].tokens(key) for method, key in calls)
+            entry[name] = {"device_batches": sum(1 for method, _ in calls if PROGRAMS[method].kind != "head"),
                            "tokens_computed": computed, "tokens_needed": needed_tokens(jobs),
                            "overhead": round(computed / needed_tokens(jobs), 3)}
-        report[layout] = {"executables": plan.count(), "workloads": entry}
+        report[layout] = {"executables": plan.count(cfg.task), "workloads": entry}
     return report
 
 
 # ---- roofline ------------------------------------------------------------------------------------------------
 
-def gpu_cost(cfg, plan, method: str, key: tuple, weight_bytes: int) -> tuple[float, float]:
-    """(FLOPs, bytes) of one device batch from the model's shapes: matmuls and attention as computed (padding
-    included); weights read once, the context's keys and values, activations written and read once per matmul."""
-    L, H, K, E, D, V = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size, cfg.vocab_size
-    dense = 2.0 * cfg.non_embedding_params()
-    pair = 4.0 * L * H * E  # one query-key pair: scores and weighted values, every layer
-    kv_bytes = 2 * L * K * E * 2
-    if method in ("label_logprobs", "class_logits"):
-        rows = key[0]
-        return 2.0 * D * V * rows, V * D * 4 + rows * (D + (key[1] if len(key) > 1 else 1)) * 4
-    if method == "prefill_context":
-        rows, width, context = 1, key[0], 0
-    elif method in ("hidden", "token_logprobs", "hidden_packed"):
-        rows, width, context = key[0], key[1], 0
-    else:  # hidden_after_context, hidden_packed_after_context: (context, rows, width)
-        context, rows, width = key
-    tokens = rows * width
-    flops = tokens * dense + pair * (rows * width * width / 2 + tokens * context)
-    traffic = weight_bytes + context * kv_bytes + tokens * D * 2 * 7 * L * 2  # 7 matmuls, in and out, bfloat16
-    if method == "token_logprobs":
-        flops += 2.0 * D * V * tokens
-        traffic += V * D * 4
-    return flops, traffic
-
-
 def tpu_costs(settings, cfg, target, calls: set) -> dict[tuple, tuple[float, float]]:
     """(FLOPs, bytes accessed) per (entry point, bucket) from cost analysis of deviceless TPU programs, with the
     scanned layer body counted once per layer (compiled at 1 and 2 layers, extrapolated to the model's depth)."""
-    from runtime.serving.compose import compose
-
     by_depth = {}
     for depth in (1, 2):
         scorer, _ = compose(settings, dataclasses.replace(cfg, num_layers=depth), None, devices=target.devices(),
                             probe=False)
-        shapes = {(m, k): args for m, k, args in scorer.work()}
         for method, key in calls:
-            cost = scorer.exe.lower(method, *shapes[(method, key)]).compile().cost_analysis()
+            specs = scorer.exe.specs(PROGRAMS[method], key)
+            cost = scorer.exe.lower(method, *specs).compile().cost_analysis()
             cost = cost[0] if isinstance(cost, (list, tuple)) else cost
             by_depth[(method, key, depth)] = (cost.get("flops", 0.0), cost.get("bytes accessed", 0.0))
     out = {}
@@ -170,8 +102,6 @@ def tpu_costs(settings, cfg, target, calls: set) -> dict[tuple, tuple[float, flo
 
 def roofline_report(settings, cfg, target_name: str) -> dict:
     """Per layout and workload: device seconds at the target's peak and the items/s that bounds (upper bounds)."""
-    from runtime.serving.targets import parse_target
-
     target = parse_target(target_name)
     chip = target.chip
     peak, bandwidth = chip.peak_bf16_flops * target.device_count, chip.memory_bandwidth * target.device_count
@@ -191,7 +121,7 @@ def roofline_report(settings, cfg, target_name: str) -> dict:
             seconds = flops = traffic = 0.0
             for method, key in calls:
                 f, b = costs[(method, key)] if target.backend == "tpu" else \
-                    gpu_cost(cfg, plan, method, key, weight_bytes)
+                    PROGRAMS[method].cost(key, cfg, weight_bytes)
                 flops, traffic = flops + f, traffic + b
                 seconds += max(f / peak, b / bandwidth)
             rows[name] = {"device_batches": len(calls), "flops": flops, "bytes": traffic,

@@ -71,9 +71,10 @@ def run(spec: dict) -> dict:
         cfg = load_config(case["config_dir"])
         scorer, platform = compose(settings, cfg, None, devices=devices, probe=False)
         smallest: dict[str, tuple] = {}
-        for method, key, args in scorer.work():
+        for program, key in scorer.plan.programs(cfg.task):
+            method = program.name
             if method not in smallest and (not case.get("methods") or method in case["methods"]):
-                smallest[method] = (key, args)
+                smallest[method] = (key, scorer.exe.specs(program, key))
         rows = []
         for method, (key, args) in smallest.items():
             started = time.perf_counter()

@@ -130,7 +130,7 @@ def test_sharded_cudnn_programs_serialize(deviceless):
 
 def test_a_bucket_larger_than_the_device_fails_the_build_naming_bucket_and_bytes(deviceless):
     [problem] = deviceless["l4_small"]["memory_problems"]
-    assert problem.startswith("bucket hidden_packed(1, 16) needs ") and "on one NVIDIA L4" in problem
+    assert problem.startswith("bucket hidden_packed(1, 16, 4) needs ") and "on one NVIDIA L4" in problem
     assert "temporaries" in problem and "GB usable" in problem
 
 

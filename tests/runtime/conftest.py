@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from runtime.serving.buckets import BucketPlan
+from runtime.serving.executables import Executables
+from runtime.serving.grid import GridLayout
 from runtime.model.config import load_config
-from runtime.model.transformer import Kernels, Llama
+from runtime.model.transformer import Kernels, Transformer
 from runtime.serving.platform import resolve
 from runtime.serving.scorer import Scorer
 from runtime.settings import load_settings
@@ -20,9 +22,9 @@ from runtime.model.weights import load_arrays
 
 def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_lengths=(8,), suffix_batches=(4,),
                labels=(4, 16), max_tokens=4096, contexts=None, completion_batches=()) -> BucketPlan:
-    return BucketPlan(lengths=tuple(lengths), batches=tuple(batches), max_tokens=max_tokens, labels=tuple(labels),
-                      context_lengths=tuple(contexts or lengths), suffix_lengths=tuple(suffix_lengths),
-                      suffix_batches=tuple(suffix_batches), prefix_sharing=prefix_sharing,
+    return BucketPlan(lengths=tuple(lengths), max_tokens=max_tokens, labels=tuple(labels),
+                      context_lengths=tuple(contexts or lengths), prefix_sharing=prefix_sharing,
+                      layout=GridLayout(tuple(batches), tuple(suffix_lengths), tuple(suffix_batches)),
                       completion_batches=tuple(completion_batches))
 
 
@@ -32,7 +34,8 @@ def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None 
     cfg = load_config(model_dir)
     plan = plan or small_plan()
     kernels = kernels or resolve(load_settings(environ={}, dtype=dtype), backend="cpu").kernels
-    return Scorer(Llama(cfg, load_arrays(model_dir, cfg), dtype, kernels, plan.max_length), plan, lazy=lazy)
+    model = Transformer(cfg, load_arrays(model_dir, cfg), dtype, kernels, plan.max_length)
+    return Scorer(plan, Executables(model, lazy=lazy))
 
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

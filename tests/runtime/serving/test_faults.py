@@ -19,7 +19,8 @@ from handler.core import ScoringCore
 from runtime.interface import EngineError
 from handler.http import HttpRequest, HttpResponse, PendingScore
 from runtime.serving.cost import Work
-from runtime.serving.engine import Engine, bucket_plan
+from runtime.serving.compose import bucket_plan
+from runtime.serving.engine import Engine
 from runtime.serving.platform import resolve
 from runtime.settings import load_settings
 
@@ -43,6 +44,10 @@ class StubScorer:
     @staticmethod
     def cost(jobs, marginal: bool = False) -> Work:
         return Work(batches=len(jobs), full=sum(len(seq) for job in jobs for seq in job.sequences))
+
+    @staticmethod
+    def slice_rows(job) -> int:
+        return 1
 
     def collect(self, results: list[np.ndarray]) -> list[np.ndarray]:
         return results

@@ -1,4 +1,4 @@
-"""Packed buckets (runtime.serving.packing, the accelerators' layout): several sequences per row, each attending
+"""Packed rows (runtime.serving.packed, the accelerators' bucket layout): several sequences per row, each attending
 only to itself. The planner's shapes and padding, and scores equal to transformers' and to the grid's, alone or
 packed with others, in full or after a shared prefix."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from runtime.model.config import load_config
-from runtime.serving.packing import Pack, Packing, arrays, first_fit, pack_continuations, pack_full
+from runtime.serving.packed import Pack, PackedLayout, first_fit, pack_continuations, pack_full
 from runtime.serving.jobs import Job
 from runtime.settings import load_settings
 from tests.conftest import torch_label_logprobs
@@ -18,9 +18,9 @@ from tests.runtime.conftest import CASES as MODELS
 from tests.runtime.conftest import FreshRope, random_sequences, scorer_for, small_plan, tiny_checkpoint
 
 # Rows of 16 tokens (1 or 2 of them), one narrow row of 8, wide rows of 32; at most 4 sequences per 16 tokens.
-PACKING = Packing(width=16, rows=(1, 2), narrow=(8,), narrow_continuations=(8,), wide_rows=(1,), slots=(4, 8),
-                  min_item_tokens=4)
-PLAN = dataclasses.replace(small_plan(lengths=(16, 32), prefix_sharing=True, contexts=(16, 32)), packing=PACKING)
+PACKING = PackedLayout(width=16, rows=(1, 2), narrow=(8,), narrow_continuations=(8,), wide_rows=(1,), slots=(4, 8),
+                       min_item_tokens=4)
+PLAN = dataclasses.replace(small_plan(lengths=(16, 32), prefix_sharing=True, contexts=(16, 32)), layout=PACKING)
 
 
 def test_rows_hold_whole_sequences_within_width_and_slots():
@@ -31,15 +31,16 @@ def test_rows_hold_whole_sequences_within_width_and_slots():
 
 
 def test_packs_split_into_row_buckets_and_take_narrow_rows():
-    assert [(p.rows, p.width) for p in pack_full(PACKING, [5, 2], (16, 32))] == [(1, 8)]  # 7 tokens: one narrow row
-    assert [(p.rows, p.width) for p in pack_full(PACKING, [20, 30, 10], (16, 32))] == [(1, 16), (1, 32), (1, 32)]
+    assert [(p.rows, p.length) for p in pack_full(PACKING, [5, 2], (16, 32))] == [(1, 8)]  # 7 tokens: one narrow row
+    assert [(p.rows, p.length) for p in pack_full(PACKING, [20, 30, 10], (16, 32))] == [(1, 16), (1, 32), (1, 32)]
     packs = pack_continuations(PACKING, [6] * 9)  # 54 tokens, 2 per row (12 of 16): rows 2 + 2 + 1 (narrow)
-    assert [(p.rows, p.width, p.count) for p in packs] == [(2, 16, 4), (2, 16, 4), (1, 8, 1)]
+    assert [(p.rows, p.length, len(p.members)) for p in packs] == [(2, 16, 4), (2, 16, 4), (1, 8, 1)]
 
 
 def test_arrays_restart_positions_and_mark_padding():
-    tokens, positions, segments, last, order = arrays(Pack(1, 8, 4, [[1, 0]]), [[5, 6, 7], [8, 9]], start=3)
-    assert tokens.tolist() == [[8, 9, 5, 6, 7, 0, 0, 0]] and order == [1, 0]
+    pack = Pack.of(1, 8, 4, [[1, 0]])
+    tokens, positions, segments, last = pack.arrays([[5, 6, 7], [8, 9]], start=3)
+    assert tokens.tolist() == [[8, 9, 5, 6, 7, 0, 0, 0]] and pack.members == [1, 0]
     assert positions.tolist() == [[3, 4, 3, 4, 5, 0, 0, 0]]
     assert segments.tolist() == [[0, 0, 1, 1, 1, -1, -1, -1]]
     assert last.tolist() == [1, 4, 0, 0]
@@ -64,7 +65,7 @@ def _qwen3_dir(tmp=[]):
 
     if not tmp:
         directory = Path(tempfile.mkdtemp(prefix="scorefn-qwen3-"))
-        source = Path(__file__).resolve().parents[2] / "runtime" / "model" / "configs" / "qwen3-0.6b.json"
+        source = Path(__file__).resolve().parents[3] / "runtime" / "model" / "configs" / "qwen3-0.6b.json"
         (directory / "config.json").write_text(json.dumps(json.loads(source.read_text())))
         tmp.append(directory)
     return tmp[0]

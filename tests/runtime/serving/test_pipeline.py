@@ -8,7 +8,8 @@ import threading
 import numpy as np
 
 from runtime.serving.cost import Work
-from runtime.serving.engine import Engine, bucket_plan
+from runtime.serving.compose import bucket_plan
+from runtime.serving.engine import Engine
 from runtime.serving.platform import resolve
 from runtime.settings import load_settings
 
@@ -29,6 +30,10 @@ class RecordingScorer:
     @staticmethod
     def cost(jobs, marginal: bool = False) -> Work:
         return Work(batches=len(jobs), full=sum(len(seq) for job in jobs for seq in job.sequences))
+
+    @staticmethod
+    def slice_rows(job) -> int:
+        return 1
 
     def dispatch(self, jobs):
         self.rounds += 1

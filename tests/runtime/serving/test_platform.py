@@ -8,7 +8,9 @@ import re
 import pytest
 
 from runtime.model.config import config_from_hf
-from runtime.serving.platform import fit_to_data_axis, fit_to_model, resolve
+from runtime.serving.grid import GridLayout
+from runtime.serving.packed import PackedLayout
+from runtime.serving.platform import fit_to_model, resolve
 from runtime.settings import load_settings
 
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
@@ -20,7 +22,7 @@ def test_cpu_defaults():
     assert platform.dtype == "float32"
     assert platform.kernels.attention == "xla" and platform.kernels.attention_dtype == "float32"
     assert not platform.kernels.unroll and platform.kernels.matmul_precision is None
-    assert platform.batch_buckets == (1, 2, 4, 8, 16, 32) and platform.suffix_batch_buckets == (8, 32)
+    assert platform.layout == GridLayout((1, 2, 4, 8, 16, 32), (8, 12, 16, 24, 32, 48, 64, 128), (8, 32))
     assert platform.max_bucket_tokens == 16384
 
 
@@ -35,15 +37,15 @@ def test_accelerator_defaults(backend, attention):
     assert platform.dtype == "bfloat16" and not platform.kernels.unroll
     assert platform.kernels.attention == attention and platform.kernels.attention_dtype == "bfloat16"
     assert platform.kernels.matmul_precision == "highest"  # float32 matmuls (the head) are not TF32
-    assert platform.suffix_batch_buckets[-1] == 512 and platform.batch_buckets[-1] == 256
-    assert platform.packing is not None and platform.label_buckets == (16, 1024)  # packed rows, two label buckets
+    assert isinstance(platform.layout, PackedLayout) and platform.label_buckets == (16, 1024)  # two label buckets
 
 
 def test_the_cpu_keeps_the_grid_and_either_layout_can_be_chosen():
-    assert resolve(load_settings(environ={}), backend="cpu").packing is None
-    assert resolve(load_settings(environ={"SCOREFN_BUCKET_LAYOUT": "packed"}), backend="cpu").packing is not None
-    assert resolve(load_settings(environ={"SCOREFN_BUCKET_LAYOUT": "grid"}), backend="tpu").packing is None
-    short = resolve(load_settings(environ={"SCOREFN_LENGTH_BUCKETS": "16,64"}), backend="gpu").packing
+    assert resolve(load_settings(environ={}), backend="cpu").layout.name == "grid"
+    assert resolve(load_settings(environ={"SCOREFN_BUCKET_LAYOUT": "packed"}), backend="cpu").layout.name == "packed"
+    grid = resolve(load_settings(environ={"SCOREFN_BUCKET_LAYOUT": "grid"}), backend="tpu").layout
+    assert grid.batches[-1] == 256 and grid.suffix_batches[-1] == 512  # the accelerators' grid buckets
+    short = resolve(load_settings(environ={"SCOREFN_LENGTH_BUCKETS": "16,64"}), backend="gpu").layout
     assert short.width == 64 and max(short.narrow) < 64  # rows no wider than the longest sequence
 
 
@@ -72,20 +74,22 @@ def test_explicit_settings_win():
     settings = load_settings(environ={"SCOREFN_LAYER_LOOP": "unroll", "SCOREFN_ATTENTION": "xla",
                                       "SCOREFN_BATCH_BUCKETS": "2,4", "SCOREFN_SUFFIX_BATCH_BUCKETS": "16",
                                       "SCOREFN_MAX_BUCKET_TOKENS": "999"})
-    platform = resolve(settings, backend="gpu")
+    platform = resolve(settings.replace(bucket_layout="grid"), backend="gpu")
     assert platform.kernels.unroll and platform.kernels.attention == "xla"
-    assert (platform.batch_buckets, platform.suffix_batch_buckets, platform.max_bucket_tokens) == ((2, 4), (16,), 999)
+    layout = platform.layout
+    assert (layout.batches, layout.suffix_batches, platform.max_bucket_tokens) == ((2, 4), (16,), 999)
 
 
 def test_auto_buckets_round_up_to_the_data_axis_explicit_ones_stay():
     settings = load_settings(environ={"SCOREFN_SUFFIX_BATCH_BUCKETS": "6"})
-    platform = fit_to_data_axis(resolve(settings, backend="gpu"), settings, data=4)
-    assert platform.batch_buckets == (4, 8, 16, 32, 64, 128, 256)
+    platform = resolve(settings, backend="gpu", data=4)
     assert platform.completion_batch_buckets == (4, 16)
-    assert platform.packing.rows == (4, 16, 64) and platform.packing.slots == (4, 16, 64, 256, 1024)
-    assert platform.packing.narrow_widths(False) == ()  # a sharded batch has a row per device at least
-    assert platform.suffix_batch_buckets == (6,)  # as set: the mesh check names it
-    assert fit_to_data_axis(platform, settings, data=1) is platform
+    assert platform.layout.rows == (4, 16, 64) and platform.layout.slots == (4, 16, 64, 256, 1024)
+    assert platform.layout.narrow_widths(False) == ()  # a sharded batch has a row per device at least
+    grid = resolve(settings.replace(bucket_layout="grid"), backend="gpu", data=4).layout
+    assert grid.batches == (4, 8, 16, 32, 64, 128, 256)
+    assert grid.suffix_batches == (6,)  # as set: the mesh check names it
+    assert resolve(settings, backend="gpu", data=1) == resolve(settings, backend="gpu")
 
 
 def test_bad_values_are_refused():

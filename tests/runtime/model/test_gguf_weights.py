@@ -1,7 +1,7 @@
 """A GGUF file's prepared directory: tokenizer and tensor table only; the weights are dequantized from the GGUF.
 
 That the dequantized weights are right is shown by the embedded model's parity with transformers
-(tests/runtime/test_parity_embedded.py), which loads them this way.
+(tests/runtime/model/test_parity_embedded.py), which loads them this way.
 """
 
 from __future__ import annotations

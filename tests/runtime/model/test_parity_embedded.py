@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import torch_label_logprobs
 from tests.runtime.conftest import scorer_for, small_plan
-from tests.runtime.test_parity_tiny import ACCELERATOR
+from tests.runtime.model.test_parity_tiny import ACCELERATOR
 
 PARIS, LONDON = 7042, 4528
 PROMPTS = [

@@ -1,12 +1,12 @@
 """Scores the same requests on several device meshes in one process and prints the results as JSON.
 
-JAX fixes its device count when it starts, so tests/runtime/test_sharding.py runs this module in a subprocess
+JAX fixes its device count when it starts, so tests/runtime/serving/test_sharding.py runs this module in a subprocess
 with JAX_PLATFORMS=cpu and JAX_NUM_CPU_DEVICES=4 (fake CPU devices):
 
-    python -m tests.runtime.sharding_worker '{"xla_dir": ..., "meshes": [...], "jobs": [...]}'
+    python -m tests.runtime.serving.sharding_worker '{"xla_dir": ..., "meshes": [...], "jobs": [...]}'
 
-Each mesh goes through the engine's own scorer construction (runtime.serving.engine.build_scorer) and warm-up
-(Scorer.compile_all); mesh "1x1" is the unsharded single-device runtime, the reference.
+Each mesh goes through the engine's own scorer construction (runtime.serving.startup.scorer) and warm-up
+(Executables.warm_up); mesh "1x1" is the unsharded single-device runtime, the reference.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ class _Recording:
 def run(spec: dict) -> dict:
     import jax
 
-    from runtime.serving import executables
-    from runtime.serving.engine import build_scorer
     from runtime.model.loader import load_model
+    from runtime.serving import startup
+    from runtime.serving import store as executables
     from runtime.settings import load_settings
     from runtime.serving.sharding import MeshError
 
@@ -48,13 +48,13 @@ def run(spec: dict) -> dict:
             settings = load_settings(environ={}, cache_dir=spec["cache_dir"], compile_cache_dir=spec["xla_dir"],
                                      mesh=mesh, **buckets)
             try:
-                scorer, _ = build_scorer(settings, loaded)
+                scorer, _ = startup.scorer(settings, loaded)
             except MeshError as exc:
                 results[mesh] = {"error": str(exc)}
                 continue
             layout = scorer.exe.shardings
             before = executables.cache_events()
-            buckets = scorer.compile_all()
+            buckets = scorer.exe.warm_up(scorer.plan.programs(scorer.task))
             warmed = executables.cache_events()
             scorer.exe = recording = _Recording(scorer.exe)
             scores = [scorer.score(sequences, labels).tolist() for sequences, labels in job["requests"]]

@@ -38,11 +38,12 @@ def test_the_fingerprint_reads_the_programs_sources_not_admissions():
     executables; everything that does build one is in the fingerprint's source digest."""
     from pathlib import Path
 
-    from runtime.serving import executables
+    from runtime.serving import store
 
-    serving = Path(executables.__file__).parent
-    read = {p.relative_to(serving.parent).as_posix() for p in executables.source_files()}
-    assert {"model/transformer.py", "model/attention.py", "serving/scorer.py", "serving/packing.py"} <= read
+    serving = Path(store.__file__).parent
+    read = {p.relative_to(serving.parent).as_posix() for p in store.source_files()}
+    assert {"model/transformer.py", "model/attention.py", "serving/scorer.py", "serving/packed.py",
+            "serving/programs.py", "serving/grid.py"} <= read
     for path in sorted(serving.glob("*.py")):
         if f"serving/{path.name}" in read:
             continue

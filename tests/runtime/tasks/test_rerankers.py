@@ -232,7 +232,7 @@ def test_bad_reranker_fails_warm_up_loudly(cache_dir, tmp_path, caplog):
 def test_the_documented_declarations_parse_and_show_the_builtin():
     from pathlib import Path
 
-    page = (Path(__file__).resolve().parents[2] / "docs" / "api" / "rerank.md").read_text()
+    page = (Path(__file__).resolve().parents[3] / "docs" / "api" / "rerank.md").read_text()
     (block,) = [b.split("```")[0] for b in page.split("```toml\n")[1:] if "[[reranker]]" in b]
     builtin, qwen3 = parse_rerankers(block, "docs/api/rerank.md")
     assert builtin == parse_rerankers(BUILTIN_TOML, "built-in")[0]  # the docs show it as it ships

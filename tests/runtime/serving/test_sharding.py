@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from runtime.serving.buckets import BucketPlan
 from runtime.model.config import load_config
-from runtime.serving.sharding import MeshError, build_layout, check_batches, param_spec, parse_mesh, sharded_parts
+from runtime.serving.sharding import (MeshError, build_mesh_layout, check_batches, param_spec, parse_mesh,
+                                      sharded_parts)
 from tests.conftest import REPO
 from tests.runtime.conftest import random_sequences, small_plan, tiny_checkpoint
 
@@ -53,12 +53,13 @@ def requests(vocab: int, small: bool = False) -> list[tuple[list[list[int]], lis
     if small:
         return [padded]
     return [padded, (random_sequences(rng, 11, 1, 16, vocab), [3, 1]),  # three device batches
-            ([query + [5, 6], query + [7], query + [8, 9, 10], query + [11]], [1, 2, 3])]  # a shared prefix
+            # a shared prefix: twelve items cost less after it (three batches of 4 x 8) than in full
+            ([query + list(range(5 + i, 6 + i + i % 3)) for i in range(12)], [1, 2, 3])]
 
 
 def run_worker(spec: dict) -> tuple[dict, str]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
-    done = subprocess.run([sys.executable, "-m", "tests.runtime.sharding_worker", json.dumps(spec)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "tests.runtime.serving.sharding_worker", json.dumps(spec)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.splitlines()[-1]), done.stderr
@@ -115,8 +116,8 @@ def test_packed_buckets_on_a_data_mesh_score_like_one_device(sharded, tmp_path_f
     for expected, got in zip(reference["scores"], ours["scores"]):
         np.testing.assert_allclose(np.array(got), np.array(expected), atol=TINY_ATOL, rtol=0)
     assert ours["compiles_while_scoring"] == 0
-    # With a row per device, scoring these short requests in full pads less than sharing their prefix.
-    assert ours["ran"] == ["hidden_packed", "label_logprobs", "token_logprobs"]
+    assert ours["ran"] == ["hidden_packed", "hidden_packed_after_context", "label_logprobs", "prefill_context",
+                           "token_logprobs"]
 
 
 @pytest.mark.slow
@@ -168,8 +169,8 @@ def test_parse_mesh():
 
 
 def test_one_device_is_not_sharded(smollm):
-    assert build_layout("", smollm, small_plan(batches=(1, 8)), devices=["device"]) is None
-    assert build_layout("1x1", smollm, small_plan(batches=(1, 8)), devices=["d0", "d1"]) is None
+    assert build_mesh_layout("", smollm, small_plan(batches=(1, 8)), devices=["device"]) is None
+    assert build_mesh_layout("1x1", smollm, small_plan(batches=(1, 8)), devices=["d0", "d1"]) is None
 
 
 def test_parameter_specs(smollm, caplog):
@@ -201,22 +202,22 @@ def test_a_model_axis_that_splits_nothing_is_a_start_up_error(smollm):
     with pytest.raises(MeshError, match=r"model axis of 4 devices splits nothing of this model: its 9 attention "
                                         r"heads, 1534 MLP hidden units and 49153-token vocabulary are not "
                                         r"multiples of 4; .* \(SCOREFN_MESH=8x1\)"):
-        build_layout("2x4", odd, small_plan(batches=(2, 8)), devices=list(range(8)))
+        build_mesh_layout("2x4", odd, small_plan(batches=(2, 8)), devices=list(range(8)))
 
 
 def test_batch_buckets_not_divisible_by_the_data_axis_are_a_start_up_error(smollm):
     plan = small_plan(batches=(1, 2, 8), prefix_sharing=True, suffix_batches=(6, 12), completion_batches=(1, 4))
     with pytest.raises(MeshError) as caught:
-        build_layout("", smollm, plan, devices=list(range(4)))
+        build_mesh_layout("", smollm, plan, devices=list(range(4)))
     message = str(caught.value)
     assert "SCOREFN_MESH empty: all local devices on the data axis" in message
     assert ("SCOREFN_BATCH_BUCKETS has 1, 2; SCOREFN_SUFFIX_BATCH_BUCKETS has 6; "
             "SCOREFN_COMPLETION_BATCH_BUCKETS has 1") in message
     assert "Use multiples of 4 (e.g. 4,8,16,32)" in message
     with pytest.raises(MeshError, match=r"SCOREFN_BATCH_BUCKETS has 1\. Use multiples of 2"):
-        build_layout("2x2", smollm, BucketPlan(**{**dataclasses.asdict(plan), "suffix_batches": (4,),
-                                                   "completion_batches": (2,)}),
-                     devices=list(range(4)))
+        build_mesh_layout("2x2", smollm, small_plan(batches=(1, 2, 8), prefix_sharing=True, suffix_batches=(4,),
+                                                    completion_batches=(2,)),
+                          devices=list(range(4)))
 
 
 @pytest.mark.slow
@@ -237,8 +238,8 @@ def test_the_tpu_overlay_mesh_and_buckets_fit_the_embedded_model(smollm):
     """infra/k8s/overlays/tpu runs the embedded model on a 2x2 slice (4 chips) with its SCOREFN_* env."""
     import yaml
 
-    from runtime.serving.engine import bucket_plan
-    from runtime.serving.platform import fit_to_data_axis, resolve
+    from runtime.serving.compose import bucket_plan
+    from runtime.serving.platform import resolve
     from runtime.settings import load_settings
 
     deployment = yaml.safe_load((REPO / "infra/k8s/overlays/tpu/deployment-tpu.yaml").read_text())
@@ -246,6 +247,6 @@ def test_the_tpu_overlay_mesh_and_buckets_fit_the_embedded_model(smollm):
     settings = load_settings(environ=env)
     data, model = parse_mesh(settings.mesh, 4)
     assert (data, model) == (4, 1)
-    plan = bucket_plan(settings, fit_to_data_axis(resolve(settings, backend="tpu"), settings, data))
+    plan = bucket_plan(settings, resolve(settings, backend="tpu", data=data))
     check_batches(plan, data, settings.mesh)  # every batch, suffix and completion batch bucket divides
     assert not any(sharded_parts(smollm, model, data).values())  # data parallel: a whole model per chip

@@ -149,7 +149,7 @@ def test_builtin_relevance_ranks_the_relevant_passage_first(embedded_service, to
         status, body = post(core, "/v1/rerank", {"query": query, "documents": documents})
         assert status == 200 and body["model"] == "relevance"
         assert body["results"][0]["index"] == 0, (query, body["results"])  # the relevant passage first
-        assert engine.scorer.prefix_batches == before + 1  # the query ran once for the four documents
+        assert engine.scorer.prefix_batches > before  # the query ran once for the documents of each slice
         ours = by_index(body)
 
         pairs = [tokenizer.encode(reranker.render(query, d), add_special_tokens=False) for d in documents]

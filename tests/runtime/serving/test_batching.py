@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from runtime.serving.engine import Engine
 from tests.runtime.conftest import random_sequences
-from tests.runtime.test_warmup import small_settings
+from tests.runtime.serving.test_warmup import small_settings
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +17,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def engine(tiny_llama_dir, cache_dir, tmp_path_factory):
     # A wait budget this machine's device meets for all of a test's requests at once: these tests are about
-    # coalescing, not admission (tests/runtime/test_admission.py).
+    # coalescing, not admission (tests/runtime/serving/test_scheduler.py).
     engine = Engine(small_settings(tiny_llama_dir, cache_dir, tmp_path_factory.mktemp("xla"),
                                    batch_buckets=(1, 4, 16), batch_wait_ms=50.0, max_labels=16, max_wait_s=600.0))
     engine.start()
@@ -50,9 +52,12 @@ def test_scores_do_not_depend_on_arrival_order(engine):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)  # float32 rounding differs by bucket; a mix-up is >> 1e-2
 
 
-def test_the_cost_of_a_request_is_the_device_work_the_scorer_plans_for_it(engine):
+def test_the_cost_of_a_request_is_the_device_work_the_scorer_plans_for_it(engine, monkeypatch):
     from runtime.interface import Sampling
     from runtime.serving.jobs import Job, TokenJob
+
+    # The price of a device batch is calibrated on the host at start; the splits below assume 32 padded tokens.
+    monkeypatch.setattr(engine.scorer, "plan", dataclasses.replace(engine.scorer.plan, batch_overhead_tokens=32))
 
     rng = np.random.default_rng(2)
     query = rng.integers(0, 49152, 20).tolist()

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from runtime.serving import executables
+from runtime.serving import store as executables
 from runtime.serving.engine import Engine
 from runtime.interface import Sampling
 from runtime.settings import load_settings

@@ -1,5 +1,5 @@
-"""Admission and device rounds (runtime.serving.scheduler), and the service model that predicts device seconds
-(runtime.serving.cost). A stepped clock and a known model: no device, no sleeps."""
+"""Admission and device rounds (runtime.serving.scheduler), and the engine's rounds around it. A stepped clock and a
+known service model: no device, no sleeps."""
 
 from __future__ import annotations
 
@@ -174,34 +174,6 @@ def test_a_slice_amortizes_its_shared_prefix_and_its_device_batch() -> None:
     assert priced._smallest(priced._queue[0]) == 4  # so a slice holds at least 4 rows: the batch adds at most half
 
 
-def test_the_service_model_learns_the_device_from_rounds() -> None:
-    true = ServiceModel(0.05, {"full": 1.5e-3, "context": 1e-3, "continuation": 2e-3, "completion": 2e-3})
-    model = ServiceModel(0.2, dict.fromkeys(KINDS, 0.5e-3))  # a poor seed: 4x the batch price, a third of tokens
-    shapes = [Work(batches=1, full=32), Work(batches=4, full=2048), Work(batches=2, context=512, continuation=256),
-              Work(batches=1, completion=256), Work(batches=3, full=256, continuation=1024)]
-    for _ in range(60):
-        for work in shapes:
-            model.observe(work, true.seconds(work))
-    for work in shapes + [Work(batches=10, full=320), Work(batches=1, completion=2048, full=64)]:
-        assert model.seconds(work) == pytest.approx(true.seconds(work), rel=0.15)
-    before = model.seconds(shapes[0])
-    model.observe(shapes[0], 100.0)  # one round slowed by something else moves the estimate a little
-    assert model.seconds(shapes[0]) < 1.6 * before
-
-
-def test_the_plan_prices_a_device_batch_in_tokens_from_the_service_model() -> None:
-    from runtime.serving.buckets import BucketPlan
-
-    plan = BucketPlan(lengths=(64,), batches=(1, 4, 16), max_tokens=4096, labels=(4,), context_lengths=(64,),
-                      suffix_lengths=(8,), suffix_batches=(8,), prefix_sharing=False)
-    assert ServiceModel(0.05, dict.fromkeys(KINDS, 1e-3)).fit_plan(plan).batch_overhead_tokens == pytest.approx(50)
-    assert ServiceModel.neutral().fit_plan(plan).batch_overhead_tokens == pytest.approx(100)
-    assert ServiceModel(1e-12, dict.fromkeys(KINDS, 1e-3)).fit_plan(plan) is plan  # no price told apart: unchanged
-    # 13 rows of 64 tokens: three batches of 4 and one of 1 cost less than one batch of 16 padded by 3 rows
-    assert [c.batch for c in ServiceModel(0.05, dict.fromkeys(KINDS, 1e-3)).fit_plan(plan).split_full([64] * 13)] \
-        == [4, 4, 4, 1]
-
-
 class RowScorer:
     """A stub device: each row scores minus its first token (a mix-up of slices shows), a held gate stalls a round."""
 
@@ -213,6 +185,10 @@ class RowScorer:
     @staticmethod
     def cost(jobs, marginal: bool = False) -> Work:
         return Work(full=sum(len(seq) for job in jobs for seq in job.sequences))
+
+    @staticmethod
+    def slice_rows(job) -> int:
+        return 1
 
     def dispatch(self, jobs) -> list[np.ndarray]:
         self.rounds.append([(job.sequences[0][0], len(job.sequences)) for job in jobs])

@@ -1,0 +1,88 @@
+"""A bucket layout: how whole sequences, and the items after a shared prefix, are laid out in the device batches of
+compiled buckets. One small interface (BucketLayout) and its implementations: the grid (runtime.serving.grid: one
+bucket per batch size and length, the CPU's) and packed rows (runtime.serving.packed: several sequences per row,
+the accelerators'). The bucket plan (runtime.serving.buckets) holds one and asks it; nothing else branches on it.
+
+A layout gives
+- the programs it runs (runtime.serving.programs) and their buckets for a plan,
+- how rows of given lengths are split into device batches (DeviceBatch: which sequences, padded how),
+- the arrays of a device batch, and which slot of its head output each sequence's result is in,
+- what a device batch costs on a busy device (the rows of the largest one at a length), for admission.
+Pure Python (NumPy for the arrays).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from runtime.serving.programs import Program
+
+if TYPE_CHECKING:
+    from runtime.serving.buckets import BucketPlan
+
+
+@dataclasses.dataclass
+class DeviceBatch:
+    """One device batch: the sequences it holds (indices into the list that was split), its bucket (the program's
+    sizes, without a shared prefix's context), and what it pads to."""
+    members: list[int]  # in the order of the head's slots: result i is members[i]'s
+    bucket: tuple[int, ...]
+    rows: int  # rows of the batch that hold tokens (a grid batch: its sequences; packed: rows used)
+    length: int  # the width of a row (its length bucket)
+    head_batch: int  # rows the head reads (a grid batch's size; packed: its slots)
+
+    @property
+    def padded_tokens(self) -> int:
+        raise NotImplementedError
+
+    def arrays(self, sequences: Sequence[Sequence[int]], start: int = 0) -> tuple[np.ndarray, ...]:
+        """The program's token arguments for these members of `sequences` (positions counted from `start`: the
+        shared prefix's length, for items after one)."""
+        raise NotImplementedError
+
+
+class BucketLayout:
+    name: str
+    full_program: Program  # whole sequences, read at their last token
+    continuation_program: Program  # items after a shared prefix; its buckets start with the context's length
+
+    def full_buckets(self, plan: "BucketPlan") -> list[tuple[int, ...]]:
+        raise NotImplementedError
+
+    def continuation_buckets(self, plan: "BucketPlan") -> list[tuple[int, ...]]:
+        """Buckets of items after a shared prefix, without the context (each compiles for every context length)."""
+        raise NotImplementedError
+
+    def head_batch(self, bucket: tuple[int, ...]) -> int:
+        """Rows the head reads after a device batch of this (full or continuation) bucket."""
+        raise NotImplementedError
+
+    def split_full(self, plan: "BucketPlan", lengths: list[int]) -> list[DeviceBatch]:
+        """Whole sequences of these lengths as device batches."""
+        raise NotImplementedError
+
+    def split_continuations(self, plan: "BucketPlan", lengths: list[int]) -> list[DeviceBatch]:
+        """Items of these lengths after a shared prefix as device batches."""
+        raise NotImplementedError
+
+    def max_continuation(self, plan: "BucketPlan") -> int:
+        """The longest item scored after a shared prefix."""
+        raise NotImplementedError
+
+    def full_rows(self, plan: "BucketPlan", length: int) -> int:
+        """Rows of the largest device batch of whole sequences at this row width (what a busy device runs)."""
+        raise NotImplementedError
+
+    def continuation_rows(self, plan: "BucketPlan", length: int) -> int:
+        """Rows of the largest device batch of items after a shared prefix at this row width."""
+        raise NotImplementedError
+
+    def problems(self, plan: "BucketPlan", data: int) -> list[str]:
+        """Why this layout's device batches would not split over `data` devices (empty: they do)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError

@@ -1,0 +1,72 @@
+"""The benchmark's workloads (runtime.tools.bench measures them, runtime.tools.roofline bounds them): seeded token IDs,
+so no tokenizer, GGUF file or model hub is needed.
+
+W1: a 15-token query, items of ~8 tokens, 3 labels; 1, 32 and 256 items per request (1 item: single-item latency).
+W2: one long query x many 20-token items, 1 label: 1000x100, and 2000x500 (the peers' published shape).
+W4: 64 prompts of 256 tokens, every position's log-probability and top 5 (as /v1/completions echoes them).
+W5: reranking, as the built-in yes/no reranker lays a pair out: template head, a 64-token query, 100 documents of
+100 tokens, template tail, yes/no labels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from runtime.interface import Sampling
+from runtime.serving.jobs import Job, TokenJob
+
+QWEN3_CONFIG = Path(__file__).resolve().parent.parent / "model" / "configs" / "qwen3-0.6b.json"
+W1_SIZES = (1, 32, 256)
+W1_QUERY, W1_ITEM = 15, 8  # tokens (RFC-000's table: a short classification prompt, short items)
+W2_SIZES = {"w2": (1000, 100, 20), "w2_peer": (2000, 500, 20)}  # query tokens, items, item tokens
+W4_SIZE = (64, 256, 5)  # prompts, tokens each, top alternatives per position (echo + logprobs)
+W5_SIZE = (27, 64, 100, 100, 22)  # head tokens, query tokens, documents, document tokens, tail tokens
+FIRST_ID = 100  # generated token IDs avoid the low IDs most vocabularies reserve for special tokens
+
+
+def token_ids(rng: np.random.Generator, vocab: int, n: int) -> list[int]:
+    return rng.integers(FIRST_ID, vocab, n).tolist()
+
+
+def w1_request(vocab: int, items: int, seed: int = 1) -> tuple[list[list[int]], list[int]]:
+    rng = np.random.default_rng(seed)
+    query = token_ids(rng, vocab, W1_QUERY)
+    lengths = rng.integers(W1_ITEM - 2, W1_ITEM + 3, items)
+    return [query + token_ids(rng, vocab, int(n)) for n in lengths], token_ids(rng, vocab, 3)
+
+
+def w2_request(vocab: int, query_tokens: int, items: int, item_tokens: int) -> tuple[list[int], list[list[int]]]:
+    rng = np.random.default_rng(2)
+    return token_ids(rng, vocab, query_tokens), [token_ids(rng, vocab, item_tokens) for _ in range(items)]
+
+
+def w4_prompts(vocab: int, prompts: int, tokens: int) -> list[list[int]]:
+    rng = np.random.default_rng(4)
+    return [token_ids(rng, vocab, tokens) for _ in range(prompts)]
+
+
+def w5_request(vocab: int, head: int, query: int, documents: int, document_tokens: int, tail: int
+               ) -> tuple[list[int], list[list[int]], list[int]]:
+    """(the pairs' shared head and query, each document with the template's tail, the yes and no labels)."""
+    rng = np.random.default_rng(5)
+    prefix, end = token_ids(rng, vocab, head + query), token_ids(rng, vocab, tail)
+    rests = [token_ids(rng, vocab, document_tokens) + end for _ in range(documents)]
+    return prefix, rests, token_ids(rng, vocab, 2)
+
+
+def workloads(vocab: int) -> dict[str, tuple[list, str]]:
+    """name -> (jobs, unit): every workload at its full size."""
+    out: dict[str, tuple[list, str]] = {}
+    for n in W1_SIZES:
+        sequences, labels = w1_request(vocab, n)
+        out[f"w1_{n}"] = ([Job(sequences, labels)], "items")
+    for name, (query_tokens, items, item_tokens) in W2_SIZES.items():
+        query, rests = w2_request(vocab, query_tokens, items, item_tokens)
+        out[name] = ([Job([query + rest for rest in rests], [FIRST_ID])], "items")
+    prompts, tokens, _ = W4_SIZE
+    out["w4"] = ([TokenJob(w4_prompts(vocab, prompts, tokens), [Sampling()] * prompts)], "prompts")
+    prefix, rests, labels = w5_request(vocab, *W5_SIZE)
+    out["w5"] = ([Job([prefix + rest for rest in rests], labels)], "documents")
+    return out

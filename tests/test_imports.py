@@ -1,0 +1,95 @@
+"""The project's modules import each other without cycles, at the top of the module: an import inside a function
+is allowed only where a reason below says why (an optional dependency, or start-up time)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("handler", "runtime", "loadtests")
+
+# (module, function) -> why it imports inside the function
+INNER_IMPORTS = {
+    ("handler.lifecycle", "build_engine"): "handler/ never imports JAX; the engine is built when the app starts",
+    ("runtime.serving.engine", "start"): "JAX, Flax and transformers load once the server answers /health",
+    ("runtime.model.loader", "load_tokenizer"): "transformers takes seconds to import: on a start's worker thread",
+    ("runtime.model.gguf", "gguf_tokenizer"): "transformers: as load_tokenizer",
+    ("runtime.model.gguf", "convert_gguf"): "the gguf package (0.3 s) only when a GGUF file is read",
+    ("runtime.model.gguf", "read_gguf_weights"): "the gguf package (0.3 s) only when a GGUF file is read",
+    ("runtime.serving.targets", "devices"): "JAX_PLATFORMS is set after a target's name is parsed, before JAX loads",
+    ("runtime.tools.baselines", "__init__"): "PyTorch is a test-only dependency (the benchmark's baselines)",
+    ("runtime.tools.baselines", "random_checkpoint"): "PyTorch is a test-only dependency",
+}
+# every command of the CLI imports what it runs when it runs (runtime/tools/cli.py says why)
+INNER_IMPORT_MODULES = {"runtime.tools.cli"}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def module_imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """The project modules a module imports when it is imported (module level, TYPE_CHECKING blocks aside)."""
+    out: set[str] = set()
+    body = list(ast.parse(path.read_text()).body)
+    while body:
+        node = body.pop(0)
+        if isinstance(node, ast.If) and not _type_checking(node):
+            body += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            body += node.body
+        elif isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names if alias.name in known}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module in known:
+                out.add(node.module)
+            out |= {f"{node.module}.{alias.name}" for alias in node.names if f"{node.module}.{alias.name}" in known}
+    return out
+
+
+def inner_imports(path: Path) -> set[str]:
+    """Functions of a module that import inside their body."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                isinstance(inner, (ast.Import, ast.ImportFrom)) for inner in ast.walk(node)):
+            found.add(node.name)
+    return found
+
+
+def test_no_import_cycles():
+    known = modules()
+    graph = {name: module_imports(path, known) - {name} for name, path in known.items()}
+    cycles, state = [], {}
+
+    def visit(name: str, stack: list[str]) -> None:
+        state[name] = "open"
+        for imported in sorted(graph[name]):
+            if state.get(imported) == "open":
+                cycles.append(stack[stack.index(imported):] + [imported])
+            elif imported not in state:
+                visit(imported, stack + [imported])
+        state[name] = "done"
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_imports_inside_functions_are_only_those_with_a_reason():
+    unexplained = sorted(f"{name}.{function}" for name, path in modules().items() if name not in INNER_IMPORT_MODULES
+                         for function in inner_imports(path) if (name, function) not in INNER_IMPORTS)
+    assert not unexplained, f"imports inside functions without a reason in tests/test_imports.py: {unexplained}"
+    stale = sorted(f"{name}.{function}" for name, function in INNER_IMPORTS
+                   if function not in inner_imports(modules()[name]))
+    assert not stale, f"reasons for imports that are gone: {stale}"
