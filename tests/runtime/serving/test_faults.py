@@ -18,18 +18,18 @@ import pytest
 from handler.core import ScoringCore
 from runtime.interface import EngineError
 from handler.http import HttpRequest, HttpResponse, PendingScore
-from runtime.serving.cost import Work
 from runtime.serving.compose import bucket_plan
 from runtime.serving.engine import Engine
 from runtime.serving.platform import resolve
 from runtime.settings import load_settings
+from tests.runtime.serving.stubs import TokenCountCost
 
 POISON = 666  # a device round holding this token raises
 NAN_TOKEN = 777  # a sequence holding this token scores NaN
 WAIT_S = 30.0
 
 
-class StubScorer:
+class StubScorer(TokenCountCost):
     """Like runtime.serving.scorer.Scorer's dispatch/collect: one [n_sequences, n_labels] array per job. Can hold a round
     (in dispatch, as a busy device would hold the next one)."""
 
@@ -40,14 +40,6 @@ class StubScorer:
         self.rounds: list[list[list[list[int]]]] = []  # per round: each job's sequences
         settings = load_settings(environ={})
         self.plan = bucket_plan(settings, resolve(settings, backend="cpu"))
-
-    @staticmethod
-    def cost(jobs, marginal: bool = False) -> Work:
-        return Work(batches=len(jobs), full=sum(len(seq) for job in jobs for seq in job.sequences))
-
-    @staticmethod
-    def slice_rows(job) -> int:
-        return 1
 
     def collect(self, results: list[np.ndarray]) -> list[np.ndarray]:
         return results

@@ -7,16 +7,16 @@ import threading
 
 import numpy as np
 
-from runtime.serving.cost import Work
 from runtime.serving.compose import bucket_plan
 from runtime.serving.engine import Engine
 from runtime.serving.platform import resolve
 from runtime.settings import load_settings
+from tests.runtime.serving.stubs import TokenCountCost
 
 WAIT_S = 30.0
 
 
-class RecordingScorer:
+class RecordingScorer(TokenCountCost):
     """dispatch() returns at once (as JAX does); collect() blocks until the test lets the 'device' finish."""
 
     def __init__(self) -> None:
@@ -26,14 +26,6 @@ class RecordingScorer:
         self.device_done = threading.Event()
         self.dispatched = threading.Event()
         self.rounds = 0
-
-    @staticmethod
-    def cost(jobs, marginal: bool = False) -> Work:
-        return Work(batches=len(jobs), full=sum(len(seq) for job in jobs for seq in job.sequences))
-
-    @staticmethod
-    def slice_rows(job) -> int:
-        return 1
 
     def dispatch(self, jobs):
         self.rounds += 1
