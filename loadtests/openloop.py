@@ -16,8 +16,8 @@ Between the calibration and the baseline the server is left to finish its work (
 Open loop: an arrival is sent at its time whether or not earlier ones were answered, as independent clients do;
 a closed loop would slow down with the server and hide its overload. The mix, by weight: one-item /v1/score 10,
 32-item /v1/score 2, /v1/rerank 2, /v1/completions 2. Beside it, from the end of the calibration, one bulk client
-sends `bulk_items`-item /v1/score requests one after another (after a 429 it waits its Retry-After): the fairness
-case. Every answer's x-predicted-queue-time and x-predicted-device-time (what admission predicted, on a 429 too) are
+sends `bulk_items`-item /v1/score requests one after another (after a 429 it waits its Retry-After and sends the same
+request again): the fairness case. Every answer's x-predicted-queue-time and x-predicted-device-time (what admission predicted, on a 429 too) are
 recorded beside the measured x-queue-time and x-device-time.
 Every answer must be a checked 200 or a 429 `rate_limit_exceeded` with an integer Retry-After >= 1; anything else
 is a failure in locust's statistics and in the records.
@@ -136,11 +136,14 @@ class OpenLoop(FastHttpUser):
                 gevent.sleep(min(record.get("retry_after") or 1, max(0.0, until - time.monotonic())))
 
     def bulk_client(self) -> None:
-        """One client sending large requests back to back, honouring Retry-After."""
+        """One client sending large requests back to back; a refused one is sent again after its Retry-After."""
+        body = bulk_body(self.rng, PLAN["bulk_items"])
         while not self.done:
-            record = self.send("bulk", "/v1/score", bulk_body(self.rng, PLAN["bulk_items"]), PLAN["bulk_items"])
+            record = self.send("bulk", "/v1/score", body, PLAN["bulk_items"])
             if record["status"] == 429 and not self.done:
                 gevent.sleep(record.get("retry_after") or 1)
+            else:
+                body = bulk_body(self.rng, PLAN["bulk_items"])
 
     def arrivals(self, rate: float, seconds: float, group: gevent.pool.Group) -> None:
         """Poisson arrivals at `rate` per second for `seconds`, each request on its own greenlet."""

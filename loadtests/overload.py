@@ -254,9 +254,10 @@ def run(args: argparse.Namespace, server_env: dict[str, str], query_words: int) 
     print(f"starting scorefn serve ({'small' if args.small_buckets else 'configured'} buckets) ...", flush=True)
     started = time.monotonic()
     server = ServerProcess(env=server_env, log_path=reports / "server.log")
+    recovery = plan(args, query_words)["recovery"]
     print(f"ready at {server.url} after {time.monotonic() - started:.1f} s; open loop: calibrate "
-          f"{args.calibrate_s:g} s ({args.clients} clients), baseline {args.baseline:g}x for {args.baseline_s:g} s, overload "
-          f"{args.open_loop:g}x for {args.duration:g} s, recovery {args.baseline:g}x for {args.recovery_s:g} s; "
+          f"{args.calibrate_s:g} s ({args.clients} clients), baseline {args.baseline:g}x for {args.baseline_s:g} s, "
+          f"overload {args.open_loop:g}x for {args.duration:g} s, recovery {recovery:g}x for {args.recovery_s:g} s; "
           f"bulk client: {args.bulk_items} items", flush=True)
     try:
         with RssSampler(server.proc.pid, args.rss_interval) as sampler:

@@ -8,8 +8,8 @@ fairness here without timing flakes, and the HTTP runs (loadtests/overload.py) c
 
 The load is loadtests/openloop.py's: Poisson arrivals of the mix (one-item scores 10, 32-item scores 2, 3-document
 reranks 2, completions 2) at a multiple of the mix's capacity (requests per second the device computes, each
-request alone), and one closed-loop bulk client sending `bulk_items`-item scores back to back, waiting out every
-Retry-After. Each request's token shapes are those the small-bucket server makes of openloop.py's bodies.
+request alone), and one closed-loop bulk client sending `bulk_items`-item scores back to back (a refused one again after
+its Retry-After). Each request's token shapes are those the small-bucket server makes of openloop.py's bodies.
 
     python -m loadtests.simulate --multiple 4 --bulk-items 1024 --seconds 300
 """
@@ -134,15 +134,16 @@ def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, 
     while events:
         now[0], _, what, payload = heapq.heappop(events)
         if what == "arrive":
-            kind, phase = payload
+            kind, phase, *again = payload
             record = {"kind": kind, "sent": now[0], "phase": phase}
             records.append(record)
+            job = again[0] if again else request(kind, rng)
             try:
-                future = scheduler.admit(request(kind, rng), now[0] + deadline_s, None)
+                future = scheduler.admit(job, now[0] + deadline_s, None)
             except QueueFull as refused:
                 record.update(status=429, retry_after=refused.retry_after_s, reason=refused.reason)
                 if kind.startswith("bulk") and now[0] < seconds:
-                    at(now[0] + refused.retry_after_s, "arrive", payload)
+                    at(now[0] + refused.retry_after_s, "arrive", (kind, phase, job))  # the same request again
             else:
                 future.add_done_callback(lambda f, record=record: finished(f, record))
         else:

@@ -24,10 +24,13 @@ the rounds dispatched and not done):
     overload (offered work above the device's capacity over the last 30 s and the last 5 s):
              backlog <= BACKLOG_WAITS * max_wait
 
-The backlog counts each request's remaining work up to SCOREFN_MAX_WAIT_S (a larger one holds nobody up for longer:
-it is served in slices behind shorter work). The overload rule does not depend on the request, so under overload
-every kind of request is refused in the same proportion and answered in proportion to what it asks; below capacity it
-never applies, so bursts are queued, not refused. Otherwise QueueFull, with the seconds until the work ahead has
+The backlog is all the work admitted and not done (in flight and queued), so under overload the queue drains to it and
+what was admitted before the overload was noticed is done before more is let in: once the load drops, the instance is
+back to normal as soon as that backlog is done. Offered work counts each request's up to SCOREFN_MAX_WAIT_S, and a
+request refused and sent again within the long window counts once: a client that retries after every Retry-After does
+not keep an overload alive. The overload rule does not depend on the request, so under overload every kind of request
+is refused in the same proportion and answered in proportion to what it asks; below capacity it never applies, so
+bursts are queued, not refused. Otherwise QueueFull, with the seconds until the work ahead has
 drained enough as Retry-After. SCOREFN_MAX_QUEUE stays a hard cap on the number of queued requests. Pure Python: the
 scorer is reached through `cost`, `round_cost` and the jobs it is given.
 """
@@ -46,6 +49,11 @@ from runtime.serving.slices import Admission, Entry, Round, Slice
 
 
 ROUND_S = 0.3  # seconds: the longest round (see Rounds above)
+
+
+def fingerprint(job: Any) -> int:
+    """Tells a request sent again from a new one: its token sequences (a Job's or a TokenJob's)."""
+    return hash(tuple(map(tuple, job.sequences)))
 
 
 def round_budget(max_wait_s: float) -> float:
@@ -83,6 +91,7 @@ class Scheduler:
         self._credit = 0.0  # device seconds the oldest request has earned and not yet spent
         self._offered = [0.0] * len(self.LOAD_WINDOWS_S)  # decayed sums of the work asked for (each request's up to
         self._offered_at = clock()  # max_wait) over each window
+        self._refused_at: dict[int, float] = {}  # fingerprint -> when, for the requests refused within the long window
         self._cv = threading.Condition()
         self._closed = False  # no new work
         self._stopped = False  # next_round() answers None
@@ -103,10 +112,16 @@ class Scheduler:
                                 retry_after_s=self._in_flight_s() + self.round_s)
             now = self._clock()
             own = self.model.seconds(work)
-            load = self._offer(now, own)
+            key = fingerprint(job) if self._forget_refusals(now) else None
+            load = self._offer(now, 0.0 if key in self._refused_at else own)
             wait = self._wait_s(own)
             entry.admission = Admission(own, wait, load)
-            self._refuse_if_late(entry, now)
+            try:
+                self._refuse_if_late(entry, now)
+            except QueueFull:
+                self._refused_at[fingerprint(job) if key is None else key] = now
+                raise
+            self._refused_at.pop(key, None)
             entry.submitted = now
             self.admitted += 1
             self._queue.append(entry)
@@ -134,6 +149,13 @@ class Scheduler:
             self.refused[reason] += 1
             raise QueueFull(message, retry_after_s=over, reason=reason, predicted=Prediction(wait, own))
 
+    def _forget_refusals(self, now: float) -> bool:
+        """Forget the refusals older than the long window; True if any is left (lock held)."""
+        if self._refused_at:
+            since = now - max(self.LOAD_WINDOWS_S)
+            self._refused_at = {key: at for key, at in self._refused_at.items() if at > since}
+        return bool(self._refused_at)
+
     def _offer(self, now: float, own: float) -> float:
         """Count a request's work (up to max_wait) as asked for; returns the offered load (lock held)."""
         self._offered = [sum_ * math.exp(-(now - self._offered_at) / window) + min(own, self.max_wait_s)
@@ -159,8 +181,8 @@ class Scheduler:
         return self.model.seconds(entry.left())
 
     def _backlog_s(self) -> float:
-        """The work admitted and not done, each request's counted up to max_wait (lock held)."""
-        return self._in_flight_s() + sum(min(self._left_s(e), self.max_wait_s) for e in self._queue)
+        """The work admitted and not done (lock held)."""
+        return self._in_flight_s() + self._queued_s()
 
     def _slowdown(self) -> float:
         if not self._in_flight:
@@ -339,6 +361,6 @@ class Scheduler:
         with self._cv:
             return {"queue_depth": len(self._queue),
                     "predicted_wait_seconds": self._wait_s(0.0),
-                    "backlog_seconds": self._in_flight_s() + self._queued_s(),
+                    "backlog_seconds": self._backlog_s(),
                     "load": self.load(), "max_wait_seconds": self.max_wait_s,
                     "admitted": self.admitted, **{f"refused_{reason}": n for reason, n in self.refused.items()}}

@@ -114,16 +114,21 @@ def test_under_overload_requests_of_every_size_are_refused_alike_and_bursts_belo
     for _ in range(10):  # another 10 s asked for: the instance is asked for as much as it computes
         s.admit(job(8, 1024), clock.now + 1000, None)
     small = job(1, 8)
-    with pytest.raises(QueueFull) as refused:  # overloaded, and a backlog of 30 s counted is over 4 x the budget
+    with pytest.raises(QueueFull) as refused:  # overloaded, and a backlog of 240 s is over 4 x the budget
         s.admit(small, None, "small")
     assert refused.value.reason == "overload" and "overloaded" in str(refused.value)
-    assert refused.value.retry_after_s == 26  # 30 s counted, 4 s allowed
+    assert refused.value.retry_after_s == 236  # all the work admitted and not done counts: 240 s, 4 s allowed
+    load = s.stats()["load"]
+    with pytest.raises(QueueFull, match="overloaded"):  # sent again: it counts once in the offered load
+        s.admit(job(1, 8), None, "small again")
+    assert s.stats()["load"] == pytest.approx(load)
     with pytest.raises(QueueFull, match="overloaded"):  # whatever its size
         s.admit(job(8, 1024), clock.now + 1000, None)
+    assert s.stats()["load"] > load
     clock.now += 30  # the offered load decays below capacity: a request is queued again
     assert s.stats()["load"] < 1
     s.admit(small, None, "small")
-    assert s.stats()["refused_overload"] == 2
+    assert s.stats()["refused_overload"] == 3
 
 
 def test_the_queue_length_stays_a_hard_cap() -> None:
