@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_open_loop_overload_is_answered_fast_or_refused_alike(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "loadtests.run", "--small-buckets", "--open-loop", "4", "--duration", "15",
-               "--calibrate-s", "6", "--baseline", "0.7", "--baseline-s", "12", "--recovery", "0.5",
+    command = [sys.executable, "-m", "loadtests.run", "--small-buckets", "--open-loop", "4", "--duration", "25",
+               "--calibrate-s", "6", "--baseline", "0.7", "--baseline-s", "10", "--recovery", "0.5",
                "--recovery-s", "25", "--recover-within-s", "15", "--bulk-items", "256", "--reports-dir", str(tmp_path)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr[-3000:]
