@@ -103,6 +103,8 @@ class Scheduler:
         shared = Work(batches=1, context=work.context) if work.context else Work()
         entry = Entry(job, deadline, request_id, shared, (work - shared) * (1 / len(job.sequences)),
                       min_rows=self._min_rows(job))
+        # Outside the lock too (it reads every token), while refusals are remembered: is it one sent again?
+        key = fingerprint(job) if self._refused_at else None
         with self._cv:
             if self._closed:
                 raise ShuttingDown("the server is shutting down")
@@ -112,7 +114,7 @@ class Scheduler:
                                 retry_after_s=self._in_flight_s() + self.round_s)
             now = self._clock()
             own = self.model.seconds(work)
-            key = fingerprint(job) if self._forget_refusals(now) else None
+            self._forget_refusals(now)
             load = self._offer(now, 0.0 if key in self._refused_at else own)
             wait = self._wait_s(own)
             entry.admission = Admission(own, wait, load)
@@ -149,12 +151,11 @@ class Scheduler:
             self.refused[reason] += 1
             raise QueueFull(message, retry_after_s=over, reason=reason, predicted=Prediction(wait, own))
 
-    def _forget_refusals(self, now: float) -> bool:
-        """Forget the refusals older than the long window; True if any is left (lock held)."""
+    def _forget_refusals(self, now: float) -> None:
+        """Forget the refusals older than the long window (lock held)."""
         if self._refused_at:
             since = now - max(self.LOAD_WINDOWS_S)
             self._refused_at = {key: at for key, at in self._refused_at.items() if at > since}
-        return bool(self._refused_at)
 
     def _offer(self, now: float, own: float) -> float:
         """Count a request's work (up to max_wait) as asked for; returns the offered load (lock held)."""
