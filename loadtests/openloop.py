@@ -17,8 +17,8 @@ Open loop: an arrival is sent at its time whether or not earlier ones were answe
 a closed loop would slow down with the server and hide its overload. The mix, by weight: one-item /v1/score 10,
 32-item /v1/score 2, /v1/rerank 2, /v1/completions 2. Beside it, from the end of the calibration, one bulk client
 sends `bulk_items`-item /v1/score requests one after another (after a 429 it waits its Retry-After and sends the same
-request again): the fairness case. Every answer's x-predicted-queue-time and x-predicted-device-time (what admission predicted, on a 429 too) are
-recorded beside the measured x-queue-time and x-device-time.
+request again): the fairness case. Every answer's x-predicted-queue-time and x-predicted-device-time (what admission
+predicted, on a 429 too) are recorded beside the measured x-queue-time and x-device-time.
 Every answer must be a checked 200 or a 429 `rate_limit_exceeded` with an integer Retry-After >= 1; anything else
 is a failure in locust's statistics and in the records.
 """
