@@ -109,10 +109,10 @@ def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, 
     for phase, (times, length) in enumerate(phases):
         t = start
         while (t := t + rng.expovariate(times * mix_capacity)) < start + length:
-            at(t, "arrive", (rng.choices(names, [weight for _, weight in MIX])[0], phase))
+            at(t, "arrive", (rng.choices(names, [weight for _, weight in MIX])[0], phase, None))
         start += length
     if bulk_items:
-        at(0.0, "arrive", (f"bulk {bulk_items}", None))
+        at(0.0, "arrive", (f"bulk {bulk_items}", None, None))
     records: list[dict[str, Any]] = []
     busy = [False]
 
@@ -120,7 +120,7 @@ def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, 
         record["latency"] = now[0] - record["sent"]
         record["status"] = 503 if future.exception() is not None else 200
         if record["kind"].startswith("bulk") and now[0] < seconds:
-            at(now[0], "arrive", (record["kind"], None))  # the bulk client's next request
+            at(now[0], "arrive", (record["kind"], None, None))  # the bulk client's next request
 
     def dispatch() -> None:
         while not busy[0] and scheduler._queue:
@@ -134,10 +134,10 @@ def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, 
     while events:
         now[0], _, what, payload = heapq.heappop(events)
         if what == "arrive":
-            kind, phase, *again = payload
+            kind, phase, job = payload  # job: a refused request sent again, or None for a new one
             record = {"kind": kind, "sent": now[0], "phase": phase}
             records.append(record)
-            job = again[0] if again else request(kind, rng)
+            job = job or request(kind, rng)
             try:
                 future = scheduler.admit(job, now[0] + deadline_s, None)
             except QueueFull as refused:

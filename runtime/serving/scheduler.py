@@ -30,9 +30,9 @@ back to normal as soon as that backlog is done. Offered work counts each request
 request refused and sent again within the long window counts once: a client that retries after every Retry-After does
 not keep an overload alive. The overload rule does not depend on the request, so under overload every kind of request
 is refused in the same proportion and answered in proportion to what it asks; below capacity it never applies, so
-bursts are queued, not refused. Otherwise QueueFull, with the seconds until the work ahead has
-drained enough as Retry-After. SCOREFN_MAX_QUEUE stays a hard cap on the number of queued requests. Pure Python: the
-scorer is reached through `cost`, `round_cost` and the jobs it is given.
+bursts are queued, not refused. Otherwise QueueFull, with the seconds until the work ahead has drained enough as
+Retry-After. SCOREFN_MAX_QUEUE stays a hard cap on the number of queued requests. Pure Python: the scorer is reached
+through `cost`, `round_cost` and the jobs it is given.
 """
 
 from __future__ import annotations
@@ -121,7 +121,9 @@ class Scheduler:
             try:
                 self._refuse_if_late(entry, now)
             except QueueFull:
-                self._refused_at[fingerprint(job) if key is None else key] = now
+                key = fingerprint(job) if key is None else key
+                self._refused_at.pop(key, None)  # to the end: the dict stays in order of refusal
+                self._refused_at[key] = now
                 raise
             self._refused_at.pop(key, None)
             entry.submitted = now
@@ -152,10 +154,15 @@ class Scheduler:
             raise QueueFull(message, retry_after_s=over, reason=reason, predicted=Prediction(wait, own))
 
     def _forget_refusals(self, now: float) -> None:
-        """Forget the refusals older than the long window (lock held)."""
-        if self._refused_at:
-            since = now - max(self.LOAD_WINDOWS_S)
-            self._refused_at = {key: at for key, at in self._refused_at.items() if at > since}
+        """Forget the refusals older than the long window, oldest first: the dict is in order of refusal (lock held)."""
+        since = now - max(self.LOAD_WINDOWS_S)
+        expired = []
+        for key, at in self._refused_at.items():  # reads only the expired ones and the first one kept
+            if at > since:
+                break
+            expired.append(key)
+        for key in expired:
+            del self._refused_at[key]
 
     def _offer(self, now: float, own: float) -> float:
         """Count a request's work (up to max_wait) as asked for; returns the offered load (lock held)."""

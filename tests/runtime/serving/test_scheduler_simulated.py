@@ -46,7 +46,7 @@ def test_at_capacity_refusals_are_few_and_none_is_dropped():
 
 
 def test_after_an_overload_the_instance_is_back_to_normal_once_its_backlog_is_done():
-    """0.7x for 15 s, 4x for 20 s, 0.5x for 30 s (the HTTP run's phases), a bulk client retrying every refusal: what
+    """0.7x for 15 s, 4x for 20 s, 0.5x for 30 s, a bulk client retrying every refusal: what
     was admitted before the overload was noticed is done within 15 s of the drop, and from then on the mix is answered
     (a retried request counts once in the offered load, so the bulk client's retries do not keep the overload alive)."""
     drop, sent, refused = 35.0, 0, 0
