@@ -8,15 +8,16 @@ the answered share of each kind; a timeline; RSS), server.log and locust's CSV/H
 - any answer is not a checked 200 or a 429 with its Retry-After,
 - a phase at up to LIGHT (0.7) x capacity refused a request of the mix (the recovery phase: those sent from
   --recover-within-s after the overload, more than RECOVERED_REFUSALS of them, beyond doubt),
-- the overload phase (above 1x) refused nothing; its answered one-item scores and completions (requests small enough
-  for the admission to bound their latency) have p99 above SCOREFN_MAX_WAIT_S plus one device round (the p99 of the
-  one-item requests' x-device-time, at least the round budget); or a kind of the mix was answered at less than half
-  the mix's share, beyond doubt,
+- the overload phase (above 1x) refused nothing; more than 1% of its answered one-item scores and completions
+  (requests small enough for the admission to bound their latency: their p99) took longer than SCOREFN_MAX_WAIT_S
+  plus one device round (the p99 of the one-item requests' x-device-time, at least the round budget), beyond doubt;
+  or a kind of the mix was answered at less than half the mix's share, beyond doubt,
 - requests sent from --recover-within-s after the overload have p50 above normal (the baseline's x1.5, or plus two
-  round budgets) or p99 above the bound above,
+  round budgets), or more than 1% of them over the bound above, beyond doubt,
 - the bulk client was never answered, the server does not exit 0 on SIGTERM, or (--soak) its RSS grows steadily.
 "Beyond doubt": the counts make the outcome less likely than 1 in 1,000 if the bound held (a one-sided binomial
-test), so a handful of requests never decides a run.
+test), so a handful of requests never decides a run: a p99 of 80 answers is their slowest one or two, and a single
+stall of a shared CPU (a round that overran its prediction fivefold beside another busy process) would decide it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ TIMELINE_S = 5.0
 LIGHT = 0.7  # up to this multiple of the capacity, no request of the mix may be refused
 RECOVERED_REFUSALS = 0.1  # the most refused after the load has dropped (a burst may meet the overload's backlog)
 DOUBT = 1e-3  # a verdict on counts fails only when the outcome is less likely than this under the bound
+TAIL = 0.01  # the share of bounded answers allowed over the latency bound (the bound is on their p99)
 
 
 def plan(args: argparse.Namespace, query_words: int) -> dict[str, Any]:
@@ -119,6 +121,15 @@ def summarize(data: dict[str, Any], max_wait_s: float, recover_within_s: float) 
                                "multiple": data["plan"]["multiple"], "max_wait_s": max_wait_s,
                                "round_budget_s": round_budget(max_wait_s), "round_p99_s": percentile(rounds, 99),
                                "phases": {}}
+    # The bound on the bounded requests' p99: SCOREFN_MAX_WAIT_S plus one device round.
+    summary["latency_bound_s"] = bound = max_wait_s + max(summary["round_budget_s"], summary["round_p99_s"])
+
+    def bounded(records: list[dict], seconds: float) -> dict[str, Any]:
+        mine = [r for r in records if r["scenario"] in BOUNDED]
+        return describe(mine, seconds) | {
+            "answered": sum(r["status"] == 200 for r in mine),
+            "over_bound": sum(r["status"] == 200 and r["latency"] > bound for r in mine)}
+
     for phase, (start, end) in bounds.items():
         mine = [r for r in records if r["phase"] == phase]
         mix = [r for r in mine if r["scenario"] != "bulk"]
@@ -126,15 +137,14 @@ def summarize(data: dict[str, Any], max_wait_s: float, recover_within_s: float) 
             "seconds": round(end - start, 1), "multiple": _multiple(data["plan"], phase),
             "rate_per_s": round(data["rate"] * _multiple(data["plan"], phase), 2),
             **describe(mix, end - start),
-            "bounded": describe([r for r in mine if r["scenario"] in BOUNDED], end - start),
+            "bounded": bounded(mine, end - start),
             "scenarios": {name: describe([r for r in mine if r["scenario"] == name], end - start)
                           for name in sorted({r["scenario"] for r in mine})}}
     if "overload" in bounds and "recovery" in bounds:
         settled = bounds["overload"][1] + recover_within_s
         late = [r for r in records if r["phase"] == "recovery" and r["sent"] >= settled and r["scenario"] != "bulk"]
         summary["recovered"] = {"from_s": round(settled, 1), **describe(late, bounds["recovery"][1] - settled),
-                                "bounded": describe([r for r in late if r["scenario"] in BOUNDED],
-                                                    bounds["recovery"][1] - settled)}
+                                "bounded": bounded(late, bounds["recovery"][1] - settled)}
     summary["timeline"] = timeline(records)
     summary["fairness"] = fairness(records)
     return summary
@@ -177,7 +187,7 @@ def verdict(summary: dict[str, Any], records: list[dict]) -> list[str]:
     if wrong:
         problems.append(f"{len(wrong)} answers were neither a checked 200 nor a 429 with Retry-After, e.g. {wrong[0]}")
     phases = summary["phases"]
-    bound = summary["max_wait_s"] + max(summary["round_budget_s"], summary["round_p99_s"])
+    bound = summary["latency_bound_s"]
     for name in ("baseline", "overload"):
         phase = phases.get(name)
         if phase and phase["multiple"] <= LIGHT and phase["statuses"].get("429", 0):
@@ -187,10 +197,11 @@ def verdict(summary: dict[str, Any], records: list[dict]) -> list[str]:
         overload = phases["overload"]
         if overload["statuses"].get("429", 0) == 0:
             problems.append("the overload phase refused nothing: it did not overload the server")
-        if overload["bounded"]["p99_s"] > bound:
-            problems.append(f"answered p99 under overload {overload['bounded']['p99_s']:.2f} s (one-item scores, "
-                            f"completions) is over SCOREFN_MAX_WAIT_S + one device round (p99 "
-                            f"{summary['round_p99_s']:.2f} s) = {bound:.2f} s")
+        if over_tail(overload["bounded"]):
+            problems.append(f"{overload['bounded']['over_bound']} of {overload['bounded']['answered']} one-item scores "
+                            f"and completions answered under overload took over SCOREFN_MAX_WAIT_S + one device round "
+                            f"(p99 {summary['round_p99_s']:.2f} s) = {bound:.2f} s: their p99 is over it (p99 "
+                            f"{overload['bounded']['p99_s']:.2f} s)")
         for name, s in overload["scenarios"].items():
             fair = overload["answered_share"] / 2  # at least half the mix's share of answers
             if name != "bulk" and binomial_tail(s["statuses"].get("200", 0), s["sent"], fair, upper=False) < DOUBT:
@@ -208,13 +219,19 @@ def verdict(summary: dict[str, Any], records: list[dict]) -> list[str]:
         if late["bounded"]["p50_s"] > normal:
             problems.append(f"p50 {late['bounded']['p50_s']:.2f} s after the load dropped is not back to normal "
                             f"({normal:.2f} s: the baseline's {baseline['p50_s']:.2f} s)")
-        if late["bounded"]["p99_s"] > bound:
-            problems.append(f"p99 {late['bounded']['p99_s']:.2f} s after the load dropped is over SCOREFN_MAX_WAIT_S "
-                            f"+ one round ({bound:.2f} s)")
+        if over_tail(late["bounded"]):
+            problems.append(f"{late['bounded']['over_bound']} of {late['bounded']['answered']} one-item scores and "
+                            f"completions answered after the load dropped took over SCOREFN_MAX_WAIT_S + one round "
+                            f"({bound:.2f} s): their p99 is over it (p99 {late['bounded']['p99_s']:.2f} s)")
     bulk = summary["fairness"]["bulk"]
     if bulk["sent"] and not bulk["statuses"].get("200"):
         problems.append(f"the bulk client was never answered ({bulk['statuses']})")
     return problems
+
+
+def over_tail(bounded: dict[str, Any]) -> bool:
+    """More than TAIL of the answers over the latency bound, beyond doubt: their p99 is over it."""
+    return binomial_tail(bounded["over_bound"], bounded["answered"], TAIL, upper=True) < DOUBT
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -231,7 +248,8 @@ def print_summary(summary: dict[str, Any]) -> None:
               f"  p50 {p['p50_s']:.3f} s  p99 {p['p99_s']:.3f} s  statuses {statuses}")
         b = p["bounded"]
         print(f"    {'(one-item, completions)':24} p50 {b['p50_s']:.3f} s  p99 {b['p99_s']:.3f} s  "
-              f"refused {b['refused_ratio']:.1%}")
+              f"refused {b['refused_ratio']:.1%}  over {summary['latency_bound_s']:.2f} s: {b['over_bound']} of "
+              f"{b['answered']}")
         for name, s in p["scenarios"].items():
             print(f"    {name:16} sent {s['sent']:6d}  answered {s['statuses'].get('200', 0):6d} "
                   f"({s['answered_share']:6.1%})  refused {s['statuses'].get('429', 0):6d}  p50 {s['p50_s']:7.3f} s  "

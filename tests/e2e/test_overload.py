@@ -37,8 +37,8 @@ def test_open_loop_overload_is_answered_fast_or_refused_alike(tmp_path: Path) ->
     overload = phases["overload"]
     assert overload["rate_per_s"] == pytest.approx(4 * summary["calibrated_rate_per_s"], rel=0.01)
     assert overload["statuses"]["429"] > 0 and overload["statuses"]["200"] > 0
-    assert overload["bounded"]["p99_s"] <= summary["max_wait_s"] + max(summary["round_budget_s"],
-                                                                       summary["round_p99_s"])
+    assert summary["latency_bound_s"] == summary["max_wait_s"] + max(summary["round_budget_s"], summary["round_p99_s"])
+    assert overload["bounded"]["answered"] >= 30  # enough small answers for the verdict on their p99 to mean something
     assert {"score 1 item", "score 32 items", "rerank", "completions", "bulk"} <= {
         name for phase in phases.values() for name in phase["scenarios"]}
     assert summary["fairness"]["one_item_beside_bulk"]["answered"] > 0, "no one-item request ran beside a bulk one"
