@@ -187,7 +187,6 @@ def verdict(summary: dict[str, Any], records: list[dict]) -> list[str]:
     if wrong:
         problems.append(f"{len(wrong)} answers were neither a checked 200 nor a 429 with Retry-After, e.g. {wrong[0]}")
     phases = summary["phases"]
-    bound = summary["latency_bound_s"]
     for name in ("baseline", "overload"):
         phase = phases.get(name)
         if phase and phase["multiple"] <= LIGHT and phase["statuses"].get("429", 0):
@@ -197,11 +196,7 @@ def verdict(summary: dict[str, Any], records: list[dict]) -> list[str]:
         overload = phases["overload"]
         if overload["statuses"].get("429", 0) == 0:
             problems.append("the overload phase refused nothing: it did not overload the server")
-        if over_tail(overload["bounded"]):
-            problems.append(f"{overload['bounded']['over_bound']} of {overload['bounded']['answered']} one-item scores "
-                            f"and completions answered under overload took over SCOREFN_MAX_WAIT_S + one device round "
-                            f"(p99 {summary['round_p99_s']:.2f} s) = {bound:.2f} s: their p99 is over it (p99 "
-                            f"{overload['bounded']['p99_s']:.2f} s)")
+        problems += over_tail(overload["bounded"], "under overload", summary)
         for name, s in overload["scenarios"].items():
             fair = overload["answered_share"] / 2  # at least half the mix's share of answers
             if name != "bulk" and binomial_tail(s["statuses"].get("200", 0), s["sent"], fair, upper=False) < DOUBT:
@@ -219,19 +214,21 @@ def verdict(summary: dict[str, Any], records: list[dict]) -> list[str]:
         if late["bounded"]["p50_s"] > normal:
             problems.append(f"p50 {late['bounded']['p50_s']:.2f} s after the load dropped is not back to normal "
                             f"({normal:.2f} s: the baseline's {baseline['p50_s']:.2f} s)")
-        if over_tail(late["bounded"]):
-            problems.append(f"{late['bounded']['over_bound']} of {late['bounded']['answered']} one-item scores and "
-                            f"completions answered after the load dropped took over SCOREFN_MAX_WAIT_S + one round "
-                            f"({bound:.2f} s): their p99 is over it (p99 {late['bounded']['p99_s']:.2f} s)")
+        problems += over_tail(late["bounded"], "after the load dropped", summary)
     bulk = summary["fairness"]["bulk"]
     if bulk["sent"] and not bulk["statuses"].get("200"):
         problems.append(f"the bulk client was never answered ({bulk['statuses']})")
     return problems
 
 
-def over_tail(bounded: dict[str, Any]) -> bool:
-    """More than TAIL of the answers over the latency bound, beyond doubt: their p99 is over it."""
-    return binomial_tail(bounded["over_bound"], bounded["answered"], TAIL, upper=True) < DOUBT
+def over_tail(bounded: dict[str, Any], when: str, summary: dict[str, Any]) -> list[str]:
+    """The problem when more than TAIL of the bounded answers took over the latency bound, beyond doubt: their p99
+    is over it."""
+    if binomial_tail(bounded["over_bound"], bounded["answered"], TAIL, upper=True) >= DOUBT:
+        return []
+    return [f"{bounded['over_bound']} of {bounded['answered']} one-item scores and completions answered {when} took "
+            f"over SCOREFN_MAX_WAIT_S + one device round (p99 {summary['round_p99_s']:.2f} s) = "
+            f"{summary['latency_bound_s']:.2f} s: their p99 is over it (p99 {bounded['p99_s']:.2f} s)"]
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -62,8 +62,8 @@ def open_loop_records(overload_latencies: list[float]) -> dict:
 
 
 def test_the_open_loop_verdict_judges_the_bounded_p99_by_its_counts() -> None:
-    """The bound (SCOREFN_MAX_WAIT_S 2 s + a round budget of 0.3 s) is on the p99: two slow answers of 80 (one stall of a
-    shared CPU) put the p99 over it but are not beyond doubt; ten of 80 are."""
+    """The bound (SCOREFN_MAX_WAIT_S 2 s + a round budget of 0.3 s) is on the p99: two slow answers of 80 (one stall
+    of a shared CPU) put the p99 over it but are not beyond doubt; ten of 80 are."""
     for slow, failed in ((0, False), (2, False), (10, True)):
         data = open_loop_records([3.0] * slow + [0.5] * (80 - slow))
         summary = summarize(data, max_wait_s=2.0, recover_within_s=5.0)
