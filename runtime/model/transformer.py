@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from runtime.model import attention
+from runtime.model import attention, invariant
 from runtime.model.config import ModelConfig
 from runtime.model.layers import dense, gated_mlp, rms_norm, rope_tables, rotate, routed_experts
 
@@ -39,6 +39,7 @@ class Kernels:
     attention: str = "xla"  # implementation of jax.nn.dot_product_attention: xla | cudnn
     attention_dtype: str = "float32"  # queries, keys and values of attention (and the shared-prefix KV)
     matmul_precision: str | None = None  # traced under jax.default_matmul_precision (e.g. "highest": no TF32)
+    batch_invariant: bool = False  # whole rows in fixed-shape tiles (runtime.model.invariant)
 
 
 
@@ -132,6 +133,34 @@ class Transformer(nnx.Module):
         """h [B, T, D] float32 -> (h, (k, v)); with a context (ctx_k, ctx_v [C, K, E], ctx_len, positions [B, T]),
         the queries also attend the context's first ctx_len keys; with an attention.Packed, each row holds several
         sequences (see _attend). `rope`: (cos, sin) [B, T, R], and the local (cos, sin) or None."""
+        if self.kernels.batch_invariant and ctx is None:
+            return self._layer_invariant(h, p, rope)
+        q, k, v = self._project(h, p, rope)
+        return self._finish(h, self._attend(q, k, v, p, ctx), p), (k, v)
+
+    def _layer_invariant(self, h, p, rope):
+        """The layer as _layer computes it over whole rows, in fixed-shape tiles of tokens (runtime.model.invariant):
+        the same bits for a token whatever the rows and buckets around it."""
+        cfg = self.cfg
+        B, T, D = h.shape
+
+        def flat(a):  # [B, T, ...] -> [B * T, ...]: the tiles run along the tokens of every row
+            return a.reshape(B * T, *a.shape[2:])
+
+        def project(xs):
+            h_t, (cos, sin), local = jax.tree.map(lambda a: a[None], xs)
+            q, k, v = self._project(h_t, p, ((cos, sin), local))
+            return q[0], k[0], v[0]
+        q, k, v = invariant.by_tiles(project, (flat(h), jax.tree.map(flat, rope[0]), jax.tree.map(flat, rope[1])))
+        out = invariant.causal(q.reshape(B, T, *q.shape[1:]), k.reshape(B, T, *k.shape[1:]),
+                               v.reshape(B, T, *v.shape[1:]), p.get("window", self.window), cfg.attention_scale,
+                               cfg.attention_softcap)
+        h = invariant.by_tiles(lambda xs: self._finish(xs[0][None], xs[1][None], p)[0], (flat(h), flat(out)))
+        return h.reshape(B, T, D), (k.reshape(B, T, *k.shape[1:]), v.reshape(B, T, *v.shape[1:]))
+
+    def _project(self, h, p, rope):
+        """The attention's inputs: h [B, T, D] -> rotated q [B, T, N, E], k and v [B, T, K, E] in the attention
+        dtype."""
         cfg = self.cfg
         B, T, _ = h.shape
         x = rms_norm(h, p["attn_norm"], cfg.rms_norm_eps) if cfg.pre_norms else h
@@ -148,18 +177,20 @@ class Transformer(nnx.Module):
         if local is not None:  # Gemma 3: the sliding layers' own RoPE base
             cos, sin = jnp.where(p["local_rope"], local[0], cos), jnp.where(p["local_rope"], local[1], sin)
         adt = self.attention_dtype
-        q, k, v = rotate(q, cos, sin).astype(adt), rotate(k, cos, sin).astype(adt), v.astype(adt)
-        out = self._attend(q, k, v, p, ctx)
+        return rotate(q, cos, sin).astype(adt), rotate(k, cos, sin).astype(adt), v.astype(adt)
+
+    def _finish(self, h, out, p):
+        """After attention: out [B, T, N, E] projected and added to h [B, T, D], then the MLP (or experts)."""
+        cfg = self.cfg
+        B, T, _ = h.shape
         out = dense(out.reshape(B, T, cfg.num_heads * cfg.head_dim), p["wo"], p.get("bo"))
         h = self._residual(h, out, p.get("attn_post_norm"))
-
         x = rms_norm(h, p["mlp_norm"], cfg.rms_norm_eps) if cfg.pre_norms else h
         if cfg.num_experts:
             y = routed_experts(x, p, cfg.activation, cfg.experts_per_token, cfg.norm_topk_prob)
         else:
             y = gated_mlp(x, p, cfg.activation)
-        h = self._residual(h, y, p.get("mlp_post_norm"))
-        return h, (k, v)
+        return self._residual(h, y, p.get("mlp_post_norm"))
 
     def _attend(self, q, k, v, p, ctx):
         """Attention of one layer: causal over whole rows (ctx None), after a shared context (ctx: context keys,
@@ -185,10 +216,11 @@ class Transformer(nnx.Module):
     def _run_layers(self, tokens, positions, ctx=None, keep_kv=False, lengths=None, segments=None):
         """`lengths`: each row's length [B] (or each token's sequence length [R, W] in packed rows), for RoPE
         types whose frequencies depend on it (None: the first row). `segments` [R, W]: packed rows."""
-        rope = rope_tables(positions, _frequencies(self.inv_freq[...], lengths), self.rope_scaling)
+        tiled = self.kernels.batch_invariant and ctx is None and segments is None
+        rope = self._rope(positions, self.inv_freq[...], lengths, self.rope_scaling, tiled)
         local = None
         if self.local_inv_freq is not None:
-            local = rope_tables(positions, _frequencies(self.local_inv_freq[...], lengths), self.local_rope_scaling)
+            local = self._rope(positions, self.local_inv_freq[...], lengths, self.local_rope_scaling, tiled)
         h = jnp.take(self.embed[...], tokens, axis=0).astype(F32)  # [B, T, D]
         if self.cfg.embed_scale != 1.0:
             h = h * self.cfg.embed_scale
@@ -213,9 +245,27 @@ class Transformer(nnx.Module):
             return h, None
         return jax.lax.scan(body_ctx, h, (layers, ctx_k, ctx_v), unroll=unroll)
 
+    @staticmethod
+    def _rope(positions, table, lengths, scaling: float, tiled: bool):
+        """cos, sin [B, T, R] of positions [B, T]; `tiled`: computed in fixed-shape tiles of tokens (their
+        transcendentals too) for the batch-invariant layers."""
+        freqs = _frequencies(table, lengths)
+        if not tiled:
+            return rope_tables(positions, freqs, scaling)
+        B, T = positions.shape
+        per_token = freqs if freqs.ndim == 1 else freqs[:, None, :]
+        per_token = jnp.broadcast_to(per_token, (B, T, freqs.shape[-1])).reshape(B * T, -1)
+        cos, sin = invariant.by_tiles(lambda xs: tuple(a[0] for a in rope_tables(xs[0][None], xs[1][None], scaling)),
+                                      (positions.reshape(B * T), per_token))
+        return cos.reshape(B, T, -1), sin.reshape(B, T, -1)
+
+    def _rows(self, fn, xs):
+        """fn over rows of `xs` [B, ...]: in fixed tiles of rows for the batch-invariant kernels, else at once."""
+        return invariant.rowwise(fn, xs) if self.kernels.batch_invariant else fn(xs)
+
     def _pool(self, h: jax.Array, last_index: jax.Array) -> jax.Array:
         last = jnp.take_along_axis(h, last_index[:, None, None], axis=1)[:, 0]  # [B, D]
-        return rms_norm(last, self.final_norm[...], self.cfg.rms_norm_eps)
+        return self._rows(lambda x: rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps), last)
 
     # ---- entry points (each jitted per shape bucket by runtime.serving.executables) --------------------------
 
@@ -284,6 +334,9 @@ class Transformer(nnx.Module):
 
     def label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
         """hidden [B, D], labels [B, L] (per row) -> log P(label) over the full vocabulary [B, L] float32."""
+        return self._rows(lambda xs: self._label_logprobs(*xs), (hidden, labels))
+
+    def _label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
         head = self._vocab_head()
         logits = self._final_logits(jnp.einsum("bd,vd->bv", hidden, head, preferred_element_type=F32))
         # The labels' logits as an elementwise product and sum rather than read off the matmul: XLA picks
@@ -341,4 +394,5 @@ class Transformer(nnx.Module):
     def class_logits(self, hidden: jax.Array) -> jax.Array:
         """Sequence-classification head: hidden [B, D] -> raw logits [B, num_labels] float32."""
         head = self.score_head[...]
-        return jnp.einsum("bd,nd->bn", hidden.astype(head.dtype), head, preferred_element_type=F32)
+        return self._rows(lambda x: jnp.einsum("bd,nd->bn", x.astype(head.dtype), head, preferred_element_type=F32),
+                          hidden)

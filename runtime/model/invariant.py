@@ -1,0 +1,121 @@
+"""Batch-invariant arithmetic: the bits of a token's result depend on its own sequence, never on what else is computed
+beside it (issue 26's first layer: whole rows).
+
+Why it is needed. XLA:CPU picks its kernels by shape: a row of `x @ w` comes out differently from a 1-row, a 2-32-row
+and a 33-or-more-row matmul, and a row's RMSNorm differs between fewer and more than 8 rows (vectorized across rows;
+measured on an AMD EPYC with AVX-512, 2026-11-25). Attention over a longer padded row reduces over more keys. So an
+item's score moved with its batch, its bucket and the other requests (1e-5 in float32, ~1e-2 in bfloat16).
+
+How it is avoided, by construction rather than by measuring thresholds:
+- Per-token work (norms, RoPE, projections, MLP) runs over fixed-shape tiles of TOKEN_TILE tokens in a loop: every
+  tile is computed by the one compiled kernel of that shape, whatever the batch or bucket. A row is a whole number
+  of tiles (its bucket's length is a multiple of TOKEN_TILE), so a token's place in its tile is its position modulo
+  TOKEN_TILE in every program. The final norm and the vocabulary head run over tiles of TILE rows.
+- Attention runs per tile of TILE queries over key blocks of TILE keys at absolute positions, in order, with an
+  online softmax: blocks past the queries are never visited, keys masked inside a block add exact zeros, so the
+  arithmetic of a query depends only on its position and the keys of its own sequence, not on the row's padding.
+Not covered yet: the shared-prefix cascade, packed rows and per-position log-probabilities (their programs still
+use the default kernels), and meshes.
+
+Shapes: B rows, T tokens per row (a multiple of TOKEN_TILE), D hidden, N heads, K KV heads, G = N // K, E head dim.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+F32 = jnp.float32
+MASKED = -1e30  # a masked score: finite, so a block no query sees yet keeps the softmax finite (its weight becomes 0)
+TOKEN_TILE = 32  # tokens of a tile of per-token work (16 cost ~1.5x the default kernels on 32 items, 32 ~1.35x)
+TILE = 16  # queries of an attention tile and keys of a block; rows of the vocabulary head's tiles
+
+
+def by_tiles(fn: Callable, xs, tile: int = TOKEN_TILE):
+    """fn over fixed-shape tiles: every array of `xs` has a leading axis of M (a multiple of `tile`) items; fn gets
+    `tile` of them at a time and returns arrays led by `tile`; the results are put back to M."""
+    m = jax.tree.leaves(xs)[0].shape[0]
+    if m % tile:
+        raise ValueError(f"{m} items do not split into tiles of {tile}")
+    tiles = jax.tree.map(lambda a: a.reshape(m // tile, tile, *a.shape[1:]), xs)
+    out = loop(fn, tiles)
+    return jax.tree.map(lambda a: a.reshape(m, *a.shape[2:]), out)
+
+
+def loop(fn: Callable, xs):
+    """lax.map(fn, xs) as a loop that XLA keeps a loop whatever its length. A one-trip loop would otherwise be
+    inlined (its dynamic slices of a one-tile axis become static, so the whole body is loop-invariant) and fused
+    with what surrounds it, and its bits differ from the same tile's in a longer loop (measured: Qwen3's q/k norms).
+    So the trip count is hidden from XLA and a lone tile gets a second, unused slot."""
+    n = jax.tree.leaves(xs)[0].shape[0]
+    slots = max(n, 2)
+    if slots > n:
+        xs = jax.tree.map(lambda a: jnp.concatenate([a, jnp.zeros((slots - n, *a.shape[1:]), a.dtype)]), xs)
+    shapes = jax.eval_shape(fn, jax.tree.map(lambda a: a[0], xs))
+    start = jax.tree.map(lambda s: jnp.zeros((slots, *s.shape), s.dtype), shapes)
+
+    def body(i, out):
+        result = fn(jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), xs))
+        return jax.tree.map(lambda o, r: jax.lax.dynamic_update_index_in_dim(o, r, i, 0), out, result)
+    out = jax.lax.fori_loop(0, jax.lax.optimization_barrier(jnp.int32(n)), body, start)
+    return jax.tree.map(lambda a: a[:n], out)
+
+
+def rowwise(fn: Callable, xs, tile: int = TILE):
+    """fn over the rows of `xs` (arrays led by M rows, any M) in fixed tiles: zero rows are appended up to a
+    multiple of `tile` and their results dropped."""
+    m = jax.tree.leaves(xs)[0].shape[0]
+    extra = -m % tile
+    padded = jax.tree.map(lambda a: jnp.concatenate([a, jnp.zeros((extra, *a.shape[1:]), a.dtype)]), xs) \
+        if extra else xs
+    return jax.tree.map(lambda a: a[:m], by_tiles(fn, padded, tile))
+
+
+def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None = None,
+           softcap: float | None = None, tile: int = TILE) -> jax.Array:
+    """Causal attention over whole rows, per tile of queries and block of keys: q [B, T, N, E], k/v [B, T, K, E]
+    -> [B, T, N, E] float32. `window` None, an int or a traced int32 scalar (a key k is visible from query q when
+    q - window < k <= q)."""
+    B, T, N, E = q.shape
+    K = k.shape[2]
+    G = N // K
+    n = T // tile
+    if T % tile:
+        raise ValueError(f"rows of {T} tokens do not split into tiles of {tile}")
+    scale = 1.0 / np.sqrt(E) if scale is None else scale  # jax.nn.dot_product_attention's default
+    q_tiles = q.reshape(B * n, tile, K, G, E)
+    k_blocks, v_blocks = k.reshape(B, n, tile, K, E), v.reshape(B, n, tile, K, E)
+    offsets = jnp.arange(tile)
+
+    def one_tile(i):
+        row, first = i // n, (i % n) * tile
+        qt = q_tiles[i]  # [tile, K, G, E]
+        q_pos = first + offsets
+
+        def block(j, state):
+            m, total, acc = state  # [K, G, tile], [K, G, tile], [K, G, tile, E]
+            kj, vj = k_blocks[row, j], v_blocks[row, j]  # [tile, K, E]
+            s = jnp.einsum("tkge,ske->kgts", qt, kj, preferred_element_type=F32) * scale
+            if softcap is not None:
+                s = jnp.tanh(s / softcap) * softcap
+            k_pos = j * tile + offsets
+            seen = k_pos[None, :] <= q_pos[:, None]
+            if window is not None:
+                seen = seen & (q_pos[:, None] - k_pos[None, :] < window)
+            s = jnp.where(seen, s, MASKED)  # [K, G, tile, tile]
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            keep = jnp.exp(m - m_new)
+            p = jnp.exp(s - m_new[..., None])
+            acc = acc * keep[..., None] + jnp.einsum("kgts,ske->kgte", p.astype(vj.dtype), vj,
+                                                     preferred_element_type=F32)
+            return m_new, total * keep + jnp.sum(p, axis=-1), acc
+
+        start = (jnp.full((K, G, tile), MASKED, F32), jnp.zeros((K, G, tile), F32), jnp.zeros((K, G, tile, E), F32))
+        _, total, acc = jax.lax.fori_loop(0, i % n + 1, block, start)
+        out = acc / total[..., None]  # [K, G, tile, E]
+        return jnp.moveaxis(out, 2, 0).reshape(tile, N, E)
+
+    return loop(one_tile, jnp.arange(B * n)).reshape(B, T, N, E)

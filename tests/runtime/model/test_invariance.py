@@ -1,0 +1,77 @@
+"""Batch-invariant kernels (runtime.model.invariant): with Kernels(batch_invariant=True) an item's scores are the same
+bits alone and in any batch, at any row, in any length bucket, for every supported architecture and RoPE type, and
+they match transformers as the default kernels do (tests/runtime/model/test_parity_tiny.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from runtime.model.transformer import Kernels
+from tests.conftest import torch_label_logprobs
+from tests.runtime.conftest import CASES, FreshRope, random_sequences, scorer_for, small_plan, tiny_checkpoint
+
+pytestmark = pytest.mark.slow
+PLAN = small_plan(lengths=(32, 64), batches=(1, 4), labels=(4,))  # 1 to 8 tiles of 32 tokens
+# One case per family, with its richest RoPE, biases, windows, soft-caps and experts (compiles cost ~5 s a case).
+FAMILY_CASES = ["gemma", "gemma2", "gemma3_local_global_rope", "granite_dynamic_rope", "llama3_rope_scaling",
+                "llama_biases", "mistral_sliding_window", "olmo2_yarn_rope", "phi3_longrope_partial_sliding", "qwen2",
+                "qwen3", "qwen3_moe_linear_rope", "smollm2_like"]
+INVARIANT = Kernels(batch_invariant=True)
+VOCAB = 128  # the tiny configs'
+
+
+@pytest.fixture(scope="module", params=FAMILY_CASES)
+def scorers(request, tmp_path_factory):
+    """(PyTorch reference, invariant float32 scorer) of one tiny case."""
+    family, overrides = CASES[request.param]
+    model_dir = tmp_path_factory.mktemp(request.param)
+    torch_model = tiny_checkpoint(family, model_dir, **overrides)
+    return FreshRope(torch_model), scorer_for(model_dir, "float32", PLAN, kernels=INVARIANT)
+
+
+batches = st.fixed_dictionaries({
+    "seed": st.integers(0, 2**32 - 1),
+    "length": st.integers(1, 64),
+    "others": st.integers(0, 6),  # two device batches of 4 at most
+    "row": st.integers(0, 6),
+})
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=batches)
+def test_an_item_scores_the_same_bits_in_any_batch(scorers, batch):
+    _, invariant = scorers
+    rng = np.random.default_rng(batch["seed"])
+    item = rng.integers(0, VOCAB, batch["length"]).tolist()
+    others = random_sequences(rng, batch["others"], 1, 64, VOCAB)
+    row = min(batch["row"], len(others))
+    labels = [0, 5, VOCAB - 1, 5]
+    alone = invariant.score([item], labels)[0]
+    together = invariant.score(others[:row] + [item] + others[row:], labels)
+    assert np.array_equal(together[row], alone), (together[row], alone)
+
+
+def test_invariant_scores_match_transformers(scorers):
+    torch_model, invariant = scorers
+    # Lengths 1..64 in one padded batch: beyond 24 tokens dynamic and longrope RoPE change their frequencies.
+    sequences = random_sequences(np.random.default_rng(1), 6, 1, 63, VOCAB) + [[7] * 64]
+    labels = [0, 5, VOCAB - 1, 64]
+    reference = torch_label_logprobs(torch_model, sequences, labels)
+    np.testing.assert_allclose(invariant.score(sequences, labels), reference, atol=1e-4, rtol=0)
+    assert np.ptp(reference) > 0.5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_embedded_model_is_invariant(embedded_dir, dtype):
+    """The 30-layer model in both number formats: the default kernels differ by row and bucket, these do not."""
+    scorer = scorer_for(embedded_dir, dtype, PLAN, kernels=Kernels(batch_invariant=True))
+    rng = np.random.default_rng(0)
+    item = [504, 3575, 282, 4649, 314]
+    labels = [7042, 4528, 11]
+    alone = scorer.score([item], labels)[0]
+    others = random_sequences(rng, 6, 1, 64, 49152)
+    for row in (0, 3, 6):
+        together = scorer.score(others[:row] + [item] + others[row:], labels)
+        assert np.array_equal(together[row], alone), (dtype, row)
