@@ -43,7 +43,7 @@ def _left_window(window: int | None) -> tuple[int, int] | None:
     return None if window is None else (window - 1, 0)
 
 
-def _visible(q_pos: jax.Array, k_pos: jax.Array, window) -> jax.Array:
+def visible(q_pos: jax.Array, k_pos: jax.Array, window) -> jax.Array:
     """Causal (and sliding-window) visibility of keys at k_pos from queries at q_pos (broadcast)."""
     seen = k_pos <= q_pos
     return seen if window is None else seen & (q_pos - k_pos < window)
@@ -73,7 +73,7 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, implementation: str
                                            scale=scale, implementation=implementation)
         return out.astype(F32)
     pos = jnp.arange(q.shape[1])
-    mask = _visible(pos[:, None], pos[None, :], window)[None]  # [1, T, T]
+    mask = visible(pos[:, None], pos[None, :], window)[None]  # [1, T, T]
     if softcap is not None:
         return _softcapped(q, k, v, mask, scale, softcap)[0]
     out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation=implementation)
@@ -88,7 +88,7 @@ def after_context(q: jax.Array, k: jax.Array, v: jax.Array, ctx_k: jax.Array, ct
     B, T, N, E = q.shape
     ctx_out, ctx_lse = context(q, ctx_k, ctx_v, ctx_len, positions, window, implementation, scale, softcap)
     own_pos = jnp.arange(T)
-    own_mask = _visible(own_pos[:, None], own_pos[None, :], window)[None]  # [1, T, T]
+    own_mask = visible(own_pos[:, None], own_pos[None, :], window)[None]  # [1, T, T]
     if softcap is not None:
         own_out, own_lse = _softcapped(q, k, v, own_mask, scale, softcap)
     elif window is None or isinstance(window, int):

@@ -28,8 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# MASKED is finite: a block that no query sees yet keeps the running softmax finite; the first visible block weighs
+# it 0 (exp(MASKED - max) underflows to 0).
+from runtime.model.attention import MASKED, visible
+
 F32 = jnp.float32
-MASKED = -1e30  # a masked score: finite, so a block no query sees yet keeps the softmax finite (its weight becomes 0)
 TOKEN_TILE = 32  # tokens of a tile of per-token work (32 items: 16 cost ~1.5x the default kernels, 32 ~1.4x)
 TILE = 16  # queries of an attention tile and keys of a block; rows of the vocabulary head's tiles
 
@@ -102,10 +105,7 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
             if softcap is not None:
                 s = jnp.tanh(s / softcap) * softcap
             k_pos = j * tile + offsets
-            seen = k_pos[None, :] <= q_pos[:, None]
-            if window is not None:
-                seen = seen & (q_pos[:, None] - k_pos[None, :] < window)
-            s = jnp.where(seen, s, MASKED)  # [K, G, tile, tile]
+            s = jnp.where(visible(q_pos[:, None], k_pos[None, :], window), s, MASKED)  # [K, G, tile, tile]
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             keep = jnp.exp(m - m_new)
             p = jnp.exp(s - m_new[..., None])
