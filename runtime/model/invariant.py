@@ -55,8 +55,7 @@ def loop(fn: Callable, xs):
     So the trip count is hidden from XLA and a lone tile gets a second, unused slot."""
     n = jax.tree.leaves(xs)[0].shape[0]
     slots = max(n, 2)
-    if slots > n:
-        xs = jax.tree.map(lambda a: jnp.concatenate([a, jnp.zeros((slots - n, *a.shape[1:]), a.dtype)]), xs)
+    xs = _padded(xs, slots - n)
     shapes = jax.eval_shape(fn, jax.tree.map(lambda a: a[0], xs))
     start = jax.tree.map(lambda s: jnp.zeros((slots, *s.shape), s.dtype), shapes)
 
@@ -71,10 +70,14 @@ def rowwise(fn: Callable, xs, tile: int = TILE):
     """fn over the rows of `xs` (arrays led by M rows, any M) in fixed tiles: zero rows are appended up to a
     multiple of `tile` and their results dropped."""
     m = jax.tree.leaves(xs)[0].shape[0]
-    extra = -m % tile
-    padded = jax.tree.map(lambda a: jnp.concatenate([a, jnp.zeros((extra, *a.shape[1:]), a.dtype)]), xs) \
-        if extra else xs
-    return jax.tree.map(lambda a: a[:m], by_tiles(fn, padded, tile))
+    return jax.tree.map(lambda a: a[:m], by_tiles(fn, _padded(xs, -m % tile), tile))
+
+
+def _padded(xs, extra: int):
+    """Every array of `xs` with `extra` zero rows appended (none: xs as it is)."""
+    if not extra:
+        return xs
+    return jax.tree.map(lambda a: jnp.concatenate([a, jnp.zeros((extra, *a.shape[1:]), a.dtype)]), xs)
 
 
 def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None = None,
