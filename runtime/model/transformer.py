@@ -39,7 +39,7 @@ class Kernels:
     attention: str = "xla"  # implementation of jax.nn.dot_product_attention: xla | cudnn
     attention_dtype: str = "float32"  # queries, keys and values of attention (and the shared-prefix KV)
     matmul_precision: str | None = None  # traced under jax.default_matmul_precision (e.g. "highest": no TF32)
-    batch_invariant: bool = False  # whole rows in fixed-shape tiles (runtime.model.invariant)
+    batch_invariant: bool = False  # whole rows computed so that a row's bits never depend on the others (invariant)
 
 
 
@@ -134,29 +134,23 @@ class Transformer(nnx.Module):
         the queries also attend the context's first ctx_len keys; with an attention.Packed, each row holds several
         sequences (see _attend). `rope`: (cos, sin) [B, T, R], and the local (cos, sin) or None."""
         if self.kernels.batch_invariant and ctx is None:
-            return self._layer_invariant(h, p, rope)
-        q, k, v = self._project(h, p, rope)
+            q, k, v = self._project_tiled(h, p, rope)
+        else:
+            q, k, v = self._project(h, p, rope)
         return self._finish(h, self._attend(q, k, v, p, ctx), p), (k, v)
 
-    def _layer_invariant(self, h, p, rope):
-        """The layer as _layer computes it over whole rows, in fixed-shape tiles of tokens (runtime.model.invariant):
-        the same bits for a token whatever the rows and buckets around it."""
-        cfg = self.cfg
-        B, T, D = h.shape
-
-        def flat(a):  # [B, T, ...] -> [B * T, ...]: the tiles run along the tokens of every row
-            return a.reshape(B * T, *a.shape[2:])
+    def _project_tiled(self, h, p, rope):
+        """_project in fixed-shape tiles of tokens (runtime.model.invariant.PROJECT_TILE). Run over all rows at once,
+        the projections' bits moved with the number of rows on some tiny configs (Gemma 3, OLMo 2, Qwen3-MoE with
+        scaled RoPE; 2026-11-25, cause not isolated) where the MLP's did not; the MLP runs over all rows at once."""
+        B, T, _ = h.shape
+        tokens = jax.tree.map(lambda a: a.reshape(B * T, *a.shape[2:]), (h, rope))
 
         def project(xs):
-            h_t, (cos, sin), local = jax.tree.map(lambda a: a[None], xs)
-            q, k, v = self._project(h_t, p, ((cos, sin), local))
-            return q[0], k[0], v[0]
-        q, k, v = invariant.by_tiles(project, (flat(h), jax.tree.map(flat, rope[0]), jax.tree.map(flat, rope[1])))
-        out = invariant.causal(q.reshape(B, T, *q.shape[1:]), k.reshape(B, T, *k.shape[1:]),
-                               v.reshape(B, T, *v.shape[1:]), p.get("window", self.window), cfg.attention_scale,
-                               cfg.attention_softcap)
-        h = invariant.by_tiles(lambda xs: self._finish(xs[0][None], xs[1][None], p)[0], (flat(h), flat(out)))
-        return h.reshape(B, T, D), (k.reshape(B, T, *k.shape[1:]), v.reshape(B, T, *v.shape[1:]))
+            h_t, rope_t = jax.tree.map(lambda a: a[None], xs)
+            return tuple(a[0] for a in self._project(h_t, p, rope_t))
+        q, k, v = invariant.by_tiles(project, tokens, invariant.PROJECT_TILE)
+        return tuple(a.reshape(B, T, *a.shape[1:]) for a in (q, k, v))
 
     def _project(self, h, p, rope):
         """The attention's inputs: h [B, T, D] -> rotated q [B, T, N, E], k and v [B, T, K, E] in the attention
@@ -199,6 +193,8 @@ class Transformer(nnx.Module):
         cfg = self.cfg
         window = p.get("window", self.window)
         how = dict(implementation=self.kernels.attention, scale=cfg.attention_scale, softcap=cfg.attention_softcap)
+        if ctx is None and self.kernels.batch_invariant:
+            return invariant.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap)
         if ctx is None:
             return attention.causal(q, k, v, window, **how)
         if isinstance(ctx, attention.Packed):
@@ -216,7 +212,12 @@ class Transformer(nnx.Module):
     def _run_layers(self, tokens, positions, ctx=None, keep_kv=False, lengths=None, segments=None):
         """`lengths`: each row's length [B] (or each token's sequence length [R, W] in packed rows), for RoPE
         types whose frequencies depend on it (None: the first row). `segments` [R, W]: packed rows."""
+        B, T = tokens.shape
         tiled = self.kernels.batch_invariant and ctx is None and segments is None
+        if spare := invariant.spare_rows(B, T) if tiled else 0:
+            # Copies of the last row, dropped after the layers: every matmul gets at least MIN_TOKENS rows.
+            tokens, positions = (jnp.concatenate([a, jnp.broadcast_to(a[-1:], (spare, T))]) for a in (tokens, positions))
+            lengths = None if lengths is None else jnp.concatenate([lengths, jnp.full((spare,), T, lengths.dtype)])
         rope = self._rope(positions, self.inv_freq[...], lengths, self.rope_scaling, tiled)
         local = None
         if self.local_inv_freq is not None:
@@ -233,7 +234,8 @@ class Transformer(nnx.Module):
             def body(h, p):
                 h, (k, v) = self._layer(h, p, (rope, local), rows)
                 return h, ((k[0], v[0]) if keep_kv else None)  # keep_kv only for a batch of one
-            return jax.lax.scan(body, h, layers, unroll=unroll)
+            h, kv = jax.lax.scan(body, h, layers, unroll=unroll)
+            return h[:B], kv
 
         ctx_k, ctx_v, ctx_len = ctx
 
@@ -256,7 +258,7 @@ class Transformer(nnx.Module):
         per_token = freqs if freqs.ndim == 1 else freqs[:, None, :]
         per_token = jnp.broadcast_to(per_token, (B, T, freqs.shape[-1])).reshape(B * T, -1)
         cos, sin = invariant.by_tiles(lambda xs: tuple(a[0] for a in rope_tables(xs[0][None], xs[1][None], scaling)),
-                                      (positions.reshape(B * T), per_token))
+                                      (positions.reshape(B * T), per_token), invariant.PROJECT_TILE)
         return cos.reshape(B, T, -1), sin.reshape(B, T, -1)
 
     def _rows(self, fn, xs):
