@@ -7,18 +7,18 @@ measured on an AMD EPYC with AVX-512, 2026-11-25). Attention over a longer padde
 item's score moved with its batch, its bucket and the other requests (1e-5 in float32, ~1e-2 in bfloat16).
 
 How it is avoided:
-- The MLP (or experts) and the attention output projection run over every token of the device batch at once, in
+- The matmuls (the attention's projections, the MLP or experts) and the norms before them run over every token of the device batch at once, in
   matmuls of at least MIN_TOKENS rows (a batch with fewer tokens gets copies of its last row, dropped after the
   layers): XLA:CPU computes a row of such a matmul with the same bits whatever the number of rows from 33 up and
   wherever the row is (measured on model shapes, float32 and bfloat16, on an Intel Xeon with AMX, 2026-11-25; the
   AMD EPYC's rows fell into the same classes: 1, 2-32, 33 or more rows). This one is a measured property of the
   host's kernels, not a construction: tests/runtime/model/test_invariance.py checks it end to end for every family
   and the embedded model, and a host where it fails needs a start-up probe before invariance goes on by default.
-- The RoPE tables and the attention's projections (norms, q/k/v, q/k norms, rotation) run over fixed-shape tiles of
-  PROJECT_TILE tokens in a loop: every tile is computed by the one compiled kernel of that shape, whatever the
-  batch or bucket (over all rows at once their bits moved with the batch on tiny Gemma 3, OLMo 2 and Qwen3-MoE
-  configs). A row is a whole number of tiles (its bucket's length is a multiple of PROJECT_TILE), so a token's
-  place in its tile is its position modulo PROJECT_TILE in every program. The final norm and the vocabulary head
+- The RoPE tables, the q/k norms and the rotation run over fixed-shape tiles of HEADS_TILE tokens in a loop: every
+  tile is computed by the one compiled kernel of that shape, whatever the batch or bucket (over all rows at once
+  their bits moved with the batch on tiny Gemma 3, OLMo 2 and Qwen3-MoE configs). A row is a whole number of tiles
+  (its bucket's length is a multiple of HEADS_TILE), so a token's place in its tile is its position modulo
+  HEADS_TILE in every program. The final norm and the vocabulary head
   run over tiles of TILE rows.
 - Attention runs per tile of TILE queries over key blocks of TILE keys at absolute positions, in order, with an
   online softmax: blocks past the queries are never visited, keys masked inside a block add exact zeros, so the
@@ -26,7 +26,7 @@ How it is avoided:
 Not covered yet: the shared-prefix cascade, packed rows and per-position log-probabilities (their programs still
 use the default kernels), and meshes.
 
-Shapes: B rows, T tokens per row (a multiple of PROJECT_TILE and TILE), D hidden, N heads, K KV heads, G = N // K, E head dim.
+Shapes: B rows, T tokens per row (a multiple of HEADS_TILE and TILE), D hidden, N heads, K KV heads, G = N // K, E head dim.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from runtime.model.attention import MASKED, visible
 
 F32 = jnp.float32
 MIN_TOKENS = 64  # the fewest token rows a forward pass's matmuls get (33 or more: see above)
-PROJECT_TILE = 32  # tokens of a tile of RoPE tables and attention projections
+HEADS_TILE = 32  # tokens of a tile of RoPE tables, q/k norms and rotation
 TILE = 16  # queries of an attention tile and keys of a block; rows of the vocabulary head's tiles
 
 

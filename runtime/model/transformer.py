@@ -133,34 +133,41 @@ class Transformer(nnx.Module):
         """h [B, T, D] float32 -> (h, (k, v)); with a context (ctx_k, ctx_v [C, K, E], ctx_len, positions [B, T]),
         the queries also attend the context's first ctx_len keys; with an attention.Packed, each row holds several
         sequences (see _attend). `rope`: (cos, sin) [B, T, R], and the local (cos, sin) or None."""
-        if self.kernels.batch_invariant and ctx is None:
-            q, k, v = self._project_tiled(h, p, rope)
-        else:
-            q, k, v = self._project(h, p, rope)
+        q, k, v = self._project(h, p)
+        q, k = self._heads(q, k, p, rope, tiled=self.kernels.batch_invariant and ctx is None)
         return self._finish(h, self._attend(q, k, v, p, ctx), p), (k, v)
 
-    def _project_tiled(self, h, p, rope):
-        """_project in fixed-shape tiles of tokens (runtime.model.invariant.PROJECT_TILE). Run over all rows at once,
-        the projections' bits moved with the number of rows on some tiny configs (Gemma 3, OLMo 2, Qwen3-MoE with
-        scaled RoPE; 2026-11-25, cause not isolated) where the MLP's did not; the MLP runs over all rows at once."""
-        B, T, _ = h.shape
-        tokens = jax.tree.map(lambda a: a.reshape(B * T, *a.shape[2:]), (h, rope))
-
-        def project(xs):
-            h_t, rope_t = jax.tree.map(lambda a: a[None], xs)
-            return tuple(a[0] for a in self._project(h_t, p, rope_t))
-        q, k, v = invariant.by_tiles(project, tokens, invariant.PROJECT_TILE)
-        return tuple(a.reshape(B, T, *a.shape[1:]) for a in (q, k, v))
-
-    def _project(self, h, p, rope):
-        """The attention's inputs: h [B, T, D] -> rotated q [B, T, N, E], k and v [B, T, K, E] in the attention
-        dtype."""
+    def _project(self, h, p):
+        """The attention's projections: h [B, T, D] -> q [B, T, N * E], k [B, T, K * E] float32 (to be normed and
+        rotated by _heads), v [B, T, K, E] in the attention dtype."""
         cfg = self.cfg
         B, T, _ = h.shape
         x = rms_norm(h, p["attn_norm"], cfg.rms_norm_eps) if cfg.pre_norms else h
         q = dense(x, p["wq"], p.get("bq"))
         k = dense(x, p["wk"], p.get("bk"))
         v = dense(x, p["wv"], p.get("bv")).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+        return q, k, v.astype(self.attention_dtype)
+
+    def _heads(self, q, k, p, rope, tiled: bool):
+        """q [B, T, N * E] and k [B, T, K * E] -> normed (where the family norms them) and rotated q [B, T, N, E],
+        k [B, T, K, E] in the attention dtype. `tiled`: in fixed-shape tiles of tokens (runtime.model.invariant):
+        over all rows at once, these elementwise steps and short reductions moved with the number of rows (tiny
+        Gemma 3, OLMo 2 and Qwen3-MoE configs, 2026-11-25), where the projections' matmuls did not."""
+        if not tiled:
+            return self._normed_rotated(q, k, p, rope)
+        B, T = q.shape[:2]
+        tokens = jax.tree.map(lambda a: a.reshape(B * T, *a.shape[2:]), (q, k, rope))
+
+        def one_tile(xs):
+            q_t, k_t, rope_t = jax.tree.map(lambda a: a[None], xs)
+            return tuple(a[0] for a in self._normed_rotated(q_t, k_t, p, rope_t))
+        q, k = invariant.by_tiles(one_tile, tokens, invariant.HEADS_TILE)
+        return q.reshape(B, T, *q.shape[1:]), k.reshape(B, T, *k.shape[1:])
+
+    def _normed_rotated(self, q, k, p, rope):
+        """_heads over all rows at once."""
+        cfg = self.cfg
+        B, T, _ = q.shape
         if cfg.qk_norm == "projection":  # OLMo 2: over all heads at once
             q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
         q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)
@@ -171,7 +178,7 @@ class Transformer(nnx.Module):
         if local is not None:  # Gemma 3: the sliding layers' own RoPE base
             cos, sin = jnp.where(p["local_rope"], local[0], cos), jnp.where(p["local_rope"], local[1], sin)
         adt = self.attention_dtype
-        return rotate(q, cos, sin).astype(adt), rotate(k, cos, sin).astype(adt), v.astype(adt)
+        return rotate(q, cos, sin).astype(adt), rotate(k, cos, sin).astype(adt)
 
     def _finish(self, h, out, p):
         """After attention: out [B, T, N, E] projected and added to h [B, T, D], then the MLP (or experts)."""
@@ -258,7 +265,7 @@ class Transformer(nnx.Module):
         per_token = freqs if freqs.ndim == 1 else freqs[:, None, :]
         per_token = jnp.broadcast_to(per_token, (B, T, freqs.shape[-1])).reshape(B * T, -1)
         cos, sin = invariant.by_tiles(lambda xs: tuple(a[0] for a in rope_tables(xs[0][None], xs[1][None], scaling)),
-                                      (positions.reshape(B * T), per_token), invariant.PROJECT_TILE)
+                                      (positions.reshape(B * T), per_token), invariant.HEADS_TILE)
         return cos.reshape(B, T, -1), sin.reshape(B, T, -1)
 
     def _rows(self, fn, xs):
