@@ -23,8 +23,10 @@ How it is avoided:
 - Attention runs per tile of TILE queries over key blocks of TILE keys at absolute positions, in order, with an
   online softmax: blocks past the queries are never visited, keys masked inside a block add exact zeros, so the
   arithmetic of a query depends only on its position and the keys of its own sequence, not on the row's padding.
-Not covered yet: the shared-prefix cascade, packed rows and per-position log-probabilities (their programs still
-use the default kernels), and meshes.
+- Items after a shared prefix (the cascade) are rows that start at a multiple of PREFIX_ALIGN: their queries visit
+  the prefix's key blocks, then their own, as they would in a row holding the whole sequence (`causal`'s context).
+Not covered yet: packed rows and per-position log-probabilities (their programs still use the default kernels), and
+meshes.
 
 Shapes: B rows, T tokens per row (a multiple of HEADS_TILE and TILE), D hidden, N heads, K KV heads, G = N // K, E head dim.
 """
@@ -45,6 +47,7 @@ F32 = jnp.float32
 MIN_TOKENS = 64  # the fewest token rows a forward pass's matmuls get (33 or more: see above)
 HEADS_TILE = 32  # tokens of a tile of RoPE tables, q/k norms and rotation
 TILE = 16  # queries of an attention tile and keys of a block; rows of the vocabulary head's tiles
+PREFIX_ALIGN = 32  # a shared prefix is cut at a multiple of this: whole tiles of HEADS_TILE and TILE before the items
 
 
 def by_tiles(fn: Callable, xs, tile: int):
@@ -96,10 +99,14 @@ def _padded(xs, extra: int):
 
 
 def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None = None,
-           softcap: float | None = None, tile: int = TILE) -> jax.Array:
+           softcap: float | None = None, context=None, tile: int = TILE) -> jax.Array:
     """Causal attention over whole rows, per tile of queries and block of keys: q [B, T, N, E], k/v [B, T, K, E]
     -> [B, T, N, E] float32. `window` None, an int or a traced int32 scalar (a key k is visible from query q when
-    q - window < k <= q)."""
+    q - window < k <= q).
+
+    `context`: (keys, values [C, K, E], length) of a shared prefix the rows continue (the length a traced multiple of
+    `tile`): the rows' tokens are at positions length + t, and each query visits the prefix's blocks first, then its
+    own row's, in the order and with the arithmetic of the same query in a row holding the whole sequence."""
     B, T, N, E = q.shape
     K = k.shape[2]
     G = N // K
@@ -110,29 +117,33 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
     q_tiles = q.reshape(B * n, tile, K, G, E)
     k_blocks, v_blocks = k.reshape(B, n, tile, K, E), v.reshape(B, n, tile, K, E)
     offsets = jnp.arange(tile)
+    start = 0 if context is None else context[2]
+
+    def block(qt, q_pos, kj, vj, k_pos, state):
+        """One block of keys kj, vj [tile, K, E] at positions k_pos into the online softmax of the queries qt."""
+        m, total, acc = state  # [K, G, tile], [K, G, tile], [K, G, tile, E]
+        s = jnp.einsum("tkge,ske->kgts", qt, kj, preferred_element_type=F32) * scale
+        if softcap is not None:
+            s = jnp.tanh(s / softcap) * softcap
+        s = jnp.where(visible(q_pos[:, None], k_pos[None, :], window), s, MASKED)  # [K, G, tile, tile]
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        keep = jnp.exp(m - m_new)
+        p = jnp.exp(s - m_new[..., None])
+        acc = acc * keep[..., None] + jnp.einsum("kgts,ske->kgte", p.astype(vj.dtype), vj, preferred_element_type=F32)
+        return m_new, total * keep + jnp.sum(p, axis=-1), acc
 
     def one_tile(i):
         row, first = i // n, (i % n) * tile
         qt = q_tiles[i]  # [tile, K, G, E]
-        q_pos = first + offsets
-
-        def block(j, state):
-            m, total, acc = state  # [K, G, tile], [K, G, tile], [K, G, tile, E]
-            kj, vj = k_blocks[row, j], v_blocks[row, j]  # [tile, K, E]
-            s = jnp.einsum("tkge,ske->kgts", qt, kj, preferred_element_type=F32) * scale
-            if softcap is not None:
-                s = jnp.tanh(s / softcap) * softcap
-            k_pos = j * tile + offsets
-            s = jnp.where(visible(q_pos[:, None], k_pos[None, :], window), s, MASKED)  # [K, G, tile, tile]
-            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-            keep = jnp.exp(m - m_new)
-            p = jnp.exp(s - m_new[..., None])
-            acc = acc * keep[..., None] + jnp.einsum("kgts,ske->kgte", p.astype(vj.dtype), vj,
-                                                     preferred_element_type=F32)
-            return m_new, total * keep + jnp.sum(p, axis=-1), acc
-
-        start = (jnp.full((K, G, tile), MASKED, F32), jnp.zeros((K, G, tile), F32), jnp.zeros((K, G, tile, E), F32))
-        _, total, acc = jax.lax.fori_loop(0, i % n + 1, block, start)
+        q_pos = start + first + offsets
+        state = (jnp.full((K, G, tile), MASKED, F32), jnp.zeros((K, G, tile), F32), jnp.zeros((K, G, tile, E), F32))
+        if context is not None:
+            ctx_k, ctx_v, length = context
+            ctx_kb, ctx_vb = (a.reshape(a.shape[0] // tile, tile, K, E) for a in (ctx_k, ctx_v))
+            state = jax.lax.fori_loop(0, length // tile, lambda j, st: block(
+                qt, q_pos, ctx_kb[j], ctx_vb[j], j * tile + offsets, st), state)
+        _, total, acc = jax.lax.fori_loop(0, i % n + 1, lambda j, st: block(
+            qt, q_pos, k_blocks[row, j], v_blocks[row, j], start + j * tile + offsets, st), state)
         out = acc / total[..., None]  # [K, G, tile, E]
         return jnp.moveaxis(out, 2, 0).reshape(tile, N, E)
 

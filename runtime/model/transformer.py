@@ -134,7 +134,7 @@ class Transformer(nnx.Module):
         the queries also attend the context's first ctx_len keys; with an attention.Packed, each row holds several
         sequences (see _attend). `rope`: (cos, sin) [B, T, R], and the local (cos, sin) or None."""
         q, k, v = self._project(h, p)
-        q, k = self._heads(q, k, p, rope, tiled=self.kernels.batch_invariant and ctx is None)
+        q, k = self._heads(q, k, p, rope, tiled=self._invariant(ctx))
         return self._finish(h, self._attend(q, k, v, p, ctx), p), (k, v)
 
     def _project(self, h, p):
@@ -200,13 +200,19 @@ class Transformer(nnx.Module):
         cfg = self.cfg
         window = p.get("window", self.window)
         how = dict(implementation=self.kernels.attention, scale=cfg.attention_scale, softcap=cfg.attention_softcap)
-        if ctx is None and self.kernels.batch_invariant:
-            return invariant.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap)
+        if self._invariant(ctx):
+            context = None if ctx is None else ctx[:3]
+            return invariant.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap, context)
         if ctx is None:
             return attention.causal(q, k, v, window, **how)
         if isinstance(ctx, attention.Packed):
             return attention.packed(q, k, v, ctx, window, **how)
         return attention.after_context(q, k, v, *ctx, window, **how)
+
+    def _invariant(self, ctx) -> bool:
+        """Whether a layer attending `ctx` runs the batch-invariant kernels: whole rows, or items after a shared
+        prefix; packed rows not yet."""
+        return self.kernels.batch_invariant and not isinstance(ctx, attention.Packed)
 
     def _residual(self, h, branch, post_norm):
         """h + the branch, normed first where the family norms outputs (Gemma 2/3, OLMo 2), scaled (Granite)."""
@@ -220,7 +226,7 @@ class Transformer(nnx.Module):
         """`lengths`: each row's length [B] (or each token's sequence length [R, W] in packed rows), for RoPE
         types whose frequencies depend on it (None: the first row). `segments` [R, W]: packed rows."""
         B, T = tokens.shape
-        tiled = self.kernels.batch_invariant and ctx is None and segments is None
+        tiled = self.kernels.batch_invariant and segments is None
         if spare := invariant.spare_rows(B, T) if tiled else 0:
             # Copies of the last row, dropped after the layers: every matmul gets at least MIN_TOKENS rows.
             tokens, positions = (jnp.concatenate([a, jnp.broadcast_to(a[-1:], (spare, T))]) for a in (tokens, positions))
@@ -252,7 +258,8 @@ class Transformer(nnx.Module):
                 attention.Packed(segments, positions, (k, v, ctx_len))
             h, _ = self._layer(h, p, (rope, local), attend)
             return h, None
-        return jax.lax.scan(body_ctx, h, (layers, ctx_k, ctx_v), unroll=unroll)
+        h, _ = jax.lax.scan(body_ctx, h, (layers, ctx_k, ctx_v), unroll=unroll)
+        return h[:B], None
 
     @staticmethod
     def _rope(positions, table, lengths, scaling: float, tiled: bool):

@@ -117,6 +117,9 @@ class BucketPlan:
     # streamed once); rows are split into batches that pad and launch least. The engine sets it from the
     # calibrated service model (runtime.serving.cost).
     batch_overhead_tokens: float = 32.0
+    # A shared prefix is cut at a multiple of this many tokens: 1, or the batch-invariant kernels' alignment
+    # (runtime.model.invariant.PREFIX_ALIGN: their items after a prefix start on whole tiles).
+    prefix_align: int = 1
 
     @property
     def max_length(self) -> int:

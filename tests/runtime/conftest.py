@@ -21,11 +21,11 @@ from runtime.model.weights import load_arrays
 
 
 def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_lengths=(8,), suffix_batches=(4,),
-               labels=(4, 16), max_tokens=4096, contexts=None, completion_batches=()) -> BucketPlan:
+               labels=(4, 16), max_tokens=4096, contexts=None, completion_batches=(), prefix_align=1) -> BucketPlan:
     return BucketPlan(lengths=tuple(lengths), max_tokens=max_tokens, labels=tuple(labels),
                       context_lengths=tuple(contexts or lengths), prefix_sharing=prefix_sharing,
                       layout=GridLayout(tuple(batches), tuple(suffix_lengths), tuple(suffix_batches)),
-                      completion_batches=tuple(completion_batches))
+                      completion_batches=tuple(completion_batches), prefix_align=prefix_align)
 
 
 def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None = None, lazy: bool = True,

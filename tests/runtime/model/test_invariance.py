@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from runtime.model.invariant import PREFIX_ALIGN
 from runtime.model.transformer import Kernels
 from tests.conftest import torch_label_logprobs
 from tests.runtime.conftest import CASES, FreshRope, random_sequences, scorer_for, small_plan, tiny_checkpoint
@@ -19,6 +20,12 @@ FAMILY_CASES = ["gemma", "gemma2", "gemma3_local_global_rope", "granite_dynamic_
                 "llama_biases", "mistral_sliding_window", "olmo2_yarn_rope", "phi3_longrope_partial_sliding", "qwen2",
                 "qwen3", "qwen3_moe_linear_rope", "smollm2_like"]
 INVARIANT = Kernels(batch_invariant=True)
+# Items after a shared prefix of 32 tokens (the alignment), in suffix rows of 32: the cascade's programs.
+PREFIX_PLAN = small_plan(lengths=(32, 64), batches=(1, 4), prefix_sharing=True, suffix_lengths=(32,),
+                         suffix_batches=(1, 4), labels=(4,), contexts=(32, 64), prefix_align=PREFIX_ALIGN)
+# The attention variants the cascade must reproduce: plain, soft-capped, sliding, local/global, q/k norms, experts.
+CASCADE_CASES = ["gemma2", "gemma3_local_global_rope", "mistral_sliding_window", "olmo2_yarn_rope",
+                 "qwen3_moe_linear_rope", "smollm2_like"]
 VOCAB = 128  # the tiny configs'
 
 
@@ -75,3 +82,49 @@ def test_the_embedded_model_is_invariant(embedded_dir, dtype):
     for row in (0, 3, 6):
         together = scorer.score(others[:row] + [item] + others[row:], labels)
         assert np.array_equal(together[row], alone), (dtype, row)
+
+
+@pytest.fixture(scope="module", params=CASCADE_CASES)
+def cascade(request, tmp_path_factory):
+    """(invariant scorer of whole sequences, invariant scorer that shares prefixes) of one tiny case."""
+    family, overrides = CASES[request.param]
+    model_dir = tmp_path_factory.mktemp(request.param)
+    tiny_checkpoint(family, model_dir, **overrides)
+    return scorer_for(model_dir, "float32", PLAN, kernels=INVARIANT), \
+        scorer_for(model_dir, "float32", PREFIX_PLAN, kernels=INVARIANT)
+
+
+prefixed = st.fixed_dictionaries({
+    "seed": st.integers(0, 2**32 - 1),
+    "prefix": st.integers(PREFIX_ALIGN, 40),  # cut at 32: the rest of the prefix goes with each item
+    "items": st.integers(3, 5),  # fewer cost less in full, and are scored so
+})
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(request=prefixed)
+def test_items_after_a_shared_prefix_score_the_bits_of_their_whole_sequence(cascade, request):
+    full, shared = cascade
+    rng = np.random.default_rng(request["seed"])
+    prefix = rng.integers(0, VOCAB, request["prefix"]).tolist()
+    sequences = [prefix + item for item in random_sequences(rng, request["items"], 1, 64 - request["prefix"], VOCAB)]
+    labels = [0, 5, VOCAB - 1, 5]
+    before = shared.prefix_batches
+    together = shared.score(sequences, labels)
+    assert shared.prefix_batches > before  # the cascade ran
+    for sequence, scores in zip(sequences, together):
+        assert np.array_equal(scores, full.score([sequence], labels)[0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_embedded_model_scores_the_same_bits_after_a_shared_prefix(embedded_dir, dtype):
+    full = scorer_for(embedded_dir, dtype, PLAN, kernels=INVARIANT)
+    shared = scorer_for(embedded_dir, dtype, PREFIX_PLAN, kernels=INVARIANT)
+    rng = np.random.default_rng(3)
+    prefix = rng.integers(0, 49152, 37).tolist()
+    sequences = [prefix + item for item in random_sequences(rng, 5, 1, 27, 49152)]
+    labels = [7042, 4528, 11]
+    together = shared.score(sequences, labels)
+    assert shared.prefix_batches > 0
+    for sequence, scores in zip(sequences, together):
+        assert np.array_equal(scores, full.score([sequence], labels)[0]), dtype
