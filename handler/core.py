@@ -18,6 +18,8 @@ import hmac
 import logging
 import time
 
+import msgspec
+
 from handler import schemas
 from handler.classify import CLASSIFY, model_cards
 from handler.completions import COMPLETIONS
@@ -222,6 +224,8 @@ class ScoringCore:
         if self.engine is None:
             raise ApiError("server_not_ready", "The model is loading; retry shortly.")
         cards = reranker_cards(self.engine, model_cards(self.engine, self._started_at), self._started_at)
+        # The served model's card says whether its scores are batch-invariant (its classifiers' and rerankers' too).
+        cards[0] = msgspec.structs.replace(cards[0], batch_invariant=self.engine.batch_invariant)
         return json_response(200, schemas.ModelList(data=cards))
 
     # -- outcome -------------------------------------------------------------------------------------------

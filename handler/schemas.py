@@ -252,6 +252,9 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
     object: str = "model"
     created: int
     owned_by: str = "scorefn"
+    # The served model only: whether scores are bitwise the same whatever else is batched with them
+    # (SCOREFN_BATCH_INVARIANT; its classifiers and rerankers run on it).
+    batch_invariant: bool | msgspec.UnsetType = msgspec.UNSET
     # Classifiers and rerankers only (GET /v1/models lists the served model, each classifier, each reranker):
     parent: str | msgspec.UnsetType = msgspec.UNSET  # the served model a verbalizer classifier or reranker runs on
     task: str | msgspec.UnsetType = msgspec.UNSET  # "classify" or "rerank"

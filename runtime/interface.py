@@ -100,6 +100,7 @@ class ScoringEngine(Protocol):
     task: str  # "causal_lm" (/v1/score and verbalizer classifiers) or "sequence_classification" (/v1/classify only)
     classifiers: tuple[Classifier, ...]  # what /v1/classify serves, the first one by default (known once ready)
     rerankers: tuple[Reranker, ...]  # what /v1/rerank serves, the first one by default (known once ready)
+    batch_invariant: bool  # scores' bits never depend on what is batched with them (known once ready)
 
     @property
     def ready(self) -> bool:

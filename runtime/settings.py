@@ -114,6 +114,10 @@ SETTINGS: tuple[Setting, ...] = (
             "grid: one executable per (batch, length) and per (context, batch, item length); packed: several "
             "sequences per row, buckets by row count (a fraction of the grid's executables). auto: grid on CPU, "
             "packed on GPU and TPU."),
+    Setting("batch_invariant", "auto", _choice("auto", "true", "false"),
+            "Scores whose bits depend only on the model, its dtype and the item's own tokens and labels: never on "
+            "the other items or requests batched with it, its row, bucket, or a shared prefix (every bucket length "
+            "rounds up to a multiple of 32; the grid layout; XLA attention). auto: true on CPU, false on GPU and TPU."),
     Setting("prefix_sharing", "true", _bool,
             "Compute a request's longest common token prefix once and score items against its keys/values."),
     Setting("batch_wait_ms", "2", float,
@@ -171,6 +175,7 @@ class Settings:
     suffix_batch_buckets: tuple[int, ...] | None
     completion_batch_buckets: tuple[int, ...] | None
     bucket_layout: str  # auto | grid | packed
+    batch_invariant: str  # auto | true | false
     prefix_sharing: bool
     batch_wait_ms: float
     max_items: int

@@ -7,8 +7,8 @@ measured on an AMD EPYC with AVX-512, 2026-11-25). Attention over a longer padde
 item's score moved with its batch, its bucket and the other requests (1e-5 in float32, ~1e-2 in bfloat16).
 
 How it is avoided:
-- The matmuls (the attention's projections, the MLP or experts) and the norms before them run over every token of the device batch at once, in
-  matmuls of at least MIN_TOKENS rows (a batch with fewer tokens gets copies of its last row, dropped after the
+- The matmuls (the attention's projections, the MLP or experts) and the norms before them run over every token of
+  the device batch at once, in matmuls of at least MIN_TOKENS rows (a batch with fewer tokens gets copies of its last row, dropped after the
   layers): XLA:CPU computes a row of such a matmul with the same bits whatever the number of rows from 33 up and
   wherever the row is (measured on model shapes, float32 and bfloat16, on an Intel Xeon with AMX, 2026-11-25; the
   AMD EPYC's rows fell into the same classes: 1, 2-32, 33 or more rows). This one is a measured property of the
@@ -25,10 +25,12 @@ How it is avoided:
   arithmetic of a query depends only on its position and the keys of its own sequence, not on the row's padding.
 - Items after a shared prefix (the cascade) are rows that start at a multiple of PREFIX_ALIGN: their queries visit
   the prefix's key blocks, then their own, as they would in a row holding the whole sequence (`causal`'s context).
-Not covered yet: packed rows and per-position log-probabilities (their programs still use the default kernels), and
-meshes.
+- Per-position log-probabilities (/v1/completions) read the vocabulary head over fixed tiles of POSITION_TILE
+  positions; the token drawn at a temperature, over tiles of TILE rows.
+Not covered yet: packed rows (their programs still use the default kernels) and meshes.
 
-Shapes: B rows, T tokens per row (a multiple of HEADS_TILE and TILE), D hidden, N heads, K KV heads, G = N // K, E head dim.
+Shapes: B rows, T tokens per row (a multiple of HEADS_TILE and TILE), D hidden, N heads, K KV heads, G = N // K,
+E head dim.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ F32 = jnp.float32
 MIN_TOKENS = 64  # the fewest token rows a forward pass's matmuls get (33 or more: see above)
 HEADS_TILE = 32  # tokens of a tile of RoPE tables, q/k norms and rotation
 TILE = 16  # queries of an attention tile and keys of a block; rows of the vocabulary head's tiles
+POSITION_TILE = 64  # positions of a tile of per-position log-probabilities (each tile reads the vocabulary head)
 PREFIX_ALIGN = 32  # a shared prefix is cut at a multiple of this: whole tiles of HEADS_TILE and TILE before the items
 
 
@@ -104,9 +107,10 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
     -> [B, T, N, E] float32. `window` None, an int or a traced int32 scalar (a key k is visible from query q when
     q - window < k <= q).
 
-    `context`: (keys, values [C, K, E], length) of a shared prefix the rows continue (the length a traced multiple of
-    `tile`): the rows' tokens are at positions length + t, and each query visits the prefix's blocks first, then its
-    own row's, in the order and with the arithmetic of the same query in a row holding the whole sequence."""
+    `context`: (keys, values [C, K, E], length) of a shared prefix the rows continue: the rows' tokens are at
+    positions length + t, and each query visits the prefix's blocks first, then its own row's; where the length is
+    a multiple of `tile` (PREFIX_ALIGN is), in the order and with the arithmetic of the same query in a row holding
+    the whole sequence."""
     B, T, N, E = q.shape
     K = k.shape[2]
     G = N // K
@@ -119,13 +123,15 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
     offsets = jnp.arange(tile)
     start = 0 if context is None else context[2]
 
-    def block(qt, q_pos, kj, vj, k_pos, state):
-        """One block of keys kj, vj [tile, K, E] at positions k_pos into the online softmax of the queries qt."""
+    def block(qt, q_pos, kj, vj, k_pos, state, end=None):
+        """One block of keys kj, vj [tile, K, E] at positions k_pos (those from `end` on masked) into the online
+        softmax of the queries qt."""
         m, total, acc = state  # [K, G, tile], [K, G, tile], [K, G, tile, E]
         s = jnp.einsum("tkge,ske->kgts", qt, kj, preferred_element_type=F32) * scale
         if softcap is not None:
             s = jnp.tanh(s / softcap) * softcap
-        s = jnp.where(visible(q_pos[:, None], k_pos[None, :], window), s, MASKED)  # [K, G, tile, tile]
+        seen = visible(q_pos[:, None], k_pos[None, :], window)
+        s = jnp.where(seen if end is None else seen & (k_pos < end), s, MASKED)  # [K, G, tile, tile]
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         keep = jnp.exp(m - m_new)
         p = jnp.exp(s - m_new[..., None])
@@ -140,8 +146,8 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
         if context is not None:
             ctx_k, ctx_v, length = context
             ctx_kb, ctx_vb = (a.reshape(a.shape[0] // tile, tile, K, E) for a in (ctx_k, ctx_v))
-            state = jax.lax.fori_loop(0, length // tile, lambda j, st: block(
-                qt, q_pos, ctx_kb[j], ctx_vb[j], j * tile + offsets, st), state)
+            state = jax.lax.fori_loop(0, -(-length // tile), lambda j, st: block(
+                qt, q_pos, ctx_kb[j], ctx_vb[j], j * tile + offsets, st, length), state)
         _, total, acc = jax.lax.fori_loop(0, i % n + 1, lambda j, st: block(
             qt, q_pos, k_blocks[row, j], v_blocks[row, j], start + j * tile + offsets, st), state)
         out = acc / total[..., None]  # [K, G, tile, E]

@@ -229,7 +229,8 @@ class Transformer(nnx.Module):
         tiled = self.kernels.batch_invariant and segments is None
         if spare := invariant.spare_rows(B, T) if tiled else 0:
             # Copies of the last row, dropped after the layers: every matmul gets at least MIN_TOKENS rows.
-            tokens, positions = (jnp.concatenate([a, jnp.broadcast_to(a[-1:], (spare, T))]) for a in (tokens, positions))
+            tokens, positions = (jnp.concatenate([a, jnp.broadcast_to(a[-1:], (spare, T))])
+                                 for a in (tokens, positions))
             lengths = None if lengths is None else jnp.concatenate([lengths, jnp.full((spare,), T, lengths.dtype)])
         rope = self._rope(positions, self.inv_freq[...], lengths, self.rope_scaling, tiled)
         local = None
@@ -281,7 +282,10 @@ class Transformer(nnx.Module):
 
     def _pool(self, h: jax.Array, last_index: jax.Array) -> jax.Array:
         last = jnp.take_along_axis(h, last_index[:, None, None], axis=1)[:, 0]  # [B, D]
-        return self._rows(lambda x: rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps), last)
+        return self._rows(self._normed, last)
+
+    def _normed(self, h: jax.Array) -> jax.Array:
+        return rms_norm(h, self.final_norm[...], self.cfg.rms_norm_eps)
 
     # ---- entry points (each jitted per shape bucket by runtime.serving.executables) --------------------------
 
@@ -333,7 +337,7 @@ class Transformer(nnx.Module):
     def _pool_flat(self, h: jax.Array, last_index: jax.Array) -> jax.Array:
         R, W, D = h.shape
         last = jnp.take(h.reshape(R * W, D), last_index, axis=0)  # [M, D]
-        return rms_norm(last, self.final_norm[...], self.cfg.rms_norm_eps)
+        return self._normed(last)
 
     def _vocab_head(self) -> jax.Array:
         """The vocabulary projection [V, D]: the embedding when the model ties them."""
@@ -369,13 +373,12 @@ class Transformer(nnx.Module):
           top_ids, top_logprobs [B, T, TOP_K]: the most likely next tokens after each position, best first,
           next_id, next_logprob [B]: the token chosen after the whole row, and its log-probability.
         The vocabulary projection runs over chunks of positions (a scan), each at most HEAD_CHUNK_BYTES of
-        float32 logits; a chosen token's log-probability and its top-k entry are the same float."""
+        float32 logits (batch-invariant kernels: fixed tiles of positions); a chosen token's log-probability and its
+        top-k entry are the same float."""
         B, T = tokens.shape
         h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)), lengths=lengths)
-        h = rms_norm(h, self.final_norm[...], self.cfg.rms_norm_eps)  # [B, T, D]
         head = self._vocab_head()  # [V, D]
         targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1), tokens.dtype)], axis=1)  # next token [B, T]
-        chunk = _positions_per_chunk(B, T, head.shape[0])
 
         def read(xs):
             h_c, t_c = xs  # [B, c, D], [B, c]
@@ -385,20 +388,29 @@ class Transformer(nnx.Module):
             top_values, top_ids = jax.lax.top_k(logits, TOP_K)
             return chosen, top_ids.astype(jnp.int32), top_values - lse[..., None]
 
-        def chunked(x):  # [B, T, ...] -> [T / c, B, c, ...]
-            return jnp.moveaxis(x.reshape(B, T // chunk, chunk, *x.shape[2:]), 1, 0)
+        if self.kernels.batch_invariant:  # every position in fixed tiles of positions, whatever the batch
+            def read_tile(xs):
+                h_t, t_t = xs  # [tile, D], [tile]
+                return tuple(a[0] for a in read((self._normed(h_t)[None], t_t[None])))
+            flat = invariant.rowwise(read_tile, (h.reshape(B * T, -1), targets.reshape(B * T)), invariant.POSITION_TILE)
+            next_logprobs, top_ids, top_logprobs = (a.reshape(B, T, *a.shape[1:]) for a in flat)
+        else:
+            normed = self._normed(h)  # [B, T, D]
+            chunk = _positions_per_chunk(B, T, head.shape[0])
 
-        def unchunked(x):  # [T / c, B, c, ...] -> [B, T, ...]
-            return jnp.moveaxis(x, 0, 1).reshape(B, T, *x.shape[3:])
+            def chunked(x):  # [B, T, ...] -> [T / c, B, c, ...]
+                return jnp.moveaxis(x.reshape(B, T // chunk, chunk, *x.shape[2:]), 1, 0)
 
-        next_logprobs, top_ids, top_logprobs = map(unchunked, jax.lax.map(read, (chunked(h), chunked(targets))))
+            def unchunked(x):  # [T / c, B, c, ...] -> [B, T, ...]
+                return jnp.moveaxis(x, 0, 1).reshape(B, T, *x.shape[3:])
+            next_logprobs, top_ids, top_logprobs = map(unchunked,
+                                                       jax.lax.map(read, (chunked(normed), chunked(targets))))
         last = lengths - 1
         greedy = jnp.take_along_axis(top_ids, last[:, None, None], axis=1)[:, 0, 0]
         greedy_logprob = jnp.take_along_axis(top_logprobs, last[:, None, None], axis=1)[:, 0, 0]
         # Drawn at a temperature: from the last position's whole distribution, with the row's own generator.
-        last_h = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]  # [B, D]
-        last_logprobs = jax.nn.log_softmax(
-            self._final_logits(jnp.einsum("bd,vd->bv", last_h, head, preferred_element_type=F32)))
+        last_logprobs = self._rows(lambda x: jax.nn.log_softmax(
+            self._final_logits(jnp.einsum("bd,vd->bv", x, head, preferred_element_type=F32))), self._pool(h, last))
         drawn = jax.vmap(lambda s, lp, t: jax.random.categorical(jax.random.key(s), lp / t))(
             seed, last_logprobs, jnp.maximum(temperature, 1e-6))
         sample = temperature > 0

@@ -35,6 +35,11 @@ def fit(buckets: tuple[int, ...], size: int) -> int:
     return buckets[index]
 
 
+def rounded_up(buckets: tuple[int, ...], multiple: int) -> tuple[int, ...]:
+    """Each bucket rounded up to a multiple of `multiple`, sorted, without repeats."""
+    return tuple(sorted({-(-b // multiple) * multiple for b in buckets}))
+
+
 def largest_batch(length_bucket: int, batches: tuple[int, ...], max_tokens: int) -> int:
     """Largest batch bucket that fits `max_tokens` at this length (at least the smallest one)."""
     fitting = [b for b in batches if b * length_bucket <= max_tokens]
@@ -186,6 +191,16 @@ class BucketPlan:
 
     def count(self, task: str = "causal_lm") -> int:
         return len(self.programs(task))
+
+    def aligned(self, multiple: int) -> "BucketPlan":
+        """This plan with every row a whole number of `multiple` tokens (whole sequences, shared prefixes and the
+        items after one: lengths rounded up) and shared prefixes cut at a multiple of it: what the batch-invariant
+        kernels need (runtime.model.invariant.PREFIX_ALIGN)."""
+        if multiple == 1:
+            return self
+        return dataclasses.replace(self, lengths=rounded_up(self.lengths, multiple),
+                                   context_lengths=rounded_up(self.context_lengths, multiple),
+                                   layout=self.layout.aligned(multiple), prefix_align=multiple)
 
 
 def label_buckets(max_labels: int, steps: tuple[int, ...] | None = None) -> tuple[int, ...]:

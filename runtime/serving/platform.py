@@ -14,10 +14,10 @@ import logging
 import jax
 import numpy as np
 
-from runtime.model import attention
+from runtime.model import attention, invariant
 from runtime.model.config import ModelConfig
 from runtime.model.transformer import Kernels
-from runtime.serving.buckets import label_buckets
+from runtime.serving.buckets import label_buckets, rounded_up
 from runtime.serving.grid import GridLayout
 from runtime.serving.layout import BucketLayout
 from runtime.serving.packed import PackedLayout
@@ -46,9 +46,16 @@ class Platform:
     # on a CPU host and "device" share the cores, so one (and a drain never waits behind a second).
     rounds_in_flight: int = 1
 
+    @property
+    def length_align(self) -> int:
+        """Every bucket length (whole sequences, shared prefixes, the items after one) is a multiple of this
+        (BucketPlan.aligned)."""
+        return invariant.PREFIX_ALIGN if self.kernels.batch_invariant else 1
+
     def describe(self) -> str:
         k = self.kernels
-        return (f"{self.backend}: {self.dtype}, layer loop {'unrolled' if k.unroll else 'scanned'}, attention "
+        return (f"{self.backend}: {self.dtype}, batch-invariant {'on' if k.batch_invariant else 'off'}, layer loop "
+                f"{'unrolled' if k.unroll else 'scanned'}, attention "
                 f"{k.attention} in {k.attention_dtype}, matmul precision {k.matmul_precision or 'default'}, "
                 f"{self.layout.describe()}, completion batches {self.completion_batch_buckets}, labels "
                 f"{self.label_buckets}, at most {self.max_bucket_tokens} tokens per bucket, {self.rounds_in_flight} "
@@ -85,15 +92,23 @@ def resolve(settings: Settings, backend: str | None = None, data: int = 1) -> Pl
     dtype = settings.dtype if settings.dtype != "auto" else ("bfloat16" if accelerator else "float32")
     loop = settings.layer_loop if settings.layer_loop != "auto" else (
         "unroll" if backend == "cpu" and dtype == "bfloat16" else "scan")
+    # The batch-invariant kernels run XLA attention over the grid's rows: auto yields to an explicit cudnn or packed.
+    cannot = settings.attention == "cudnn" or settings.bucket_layout == "packed"
+    if settings.batch_invariant == "true" and cannot:
+        raise ValueError("SCOREFN_BATCH_INVARIANT=true needs XLA attention and the grid layout (SCOREFN_ATTENTION="
+                         f"{settings.attention}, SCOREFN_BUCKET_LAYOUT={settings.bucket_layout})")
+    batch_invariant = settings.batch_invariant == "true" or (settings.batch_invariant == "auto" and not accelerator
+                                                             and not cannot)
     attention = settings.attention if settings.attention != "auto" else (
-        "cudnn" if backend == "gpu" and dtype == "bfloat16" else "xla")
+        "cudnn" if backend == "gpu" and dtype == "bfloat16" and not batch_invariant else "xla")
     kernels = Kernels(unroll=loop == "unroll", attention=attention,
                       attention_dtype=attention_dtype(backend, dtype, attention),
-                      matmul_precision="highest" if accelerator else None)
+                      matmul_precision="highest" if accelerator else None, batch_invariant=batch_invariant)
 
     def buckets(explicit: tuple[int, ...] | None, auto: tuple[int, ...]) -> tuple[int, ...]:
-        return explicit or tuple(sorted({-(-b // data) * data for b in auto}))
-    layout_name = settings.bucket_layout if settings.bucket_layout != "auto" else ("packed" if accelerator else "grid")
+        return explicit or rounded_up(auto, data)
+    layout_name = settings.bucket_layout if settings.bucket_layout != "auto" else (
+        "packed" if accelerator and not batch_invariant else "grid")
     layout: BucketLayout
     if layout_name == "packed":  # rows no wider than the longest sequence served
         width = min(PackedLayout.width, settings.length_buckets[-1])

@@ -10,7 +10,8 @@ single-item latency), W2 (one long query x many 20-token items, 1 label: 1000x10
 accelerators or with --peer), W3 (concurrent HTTP clients vs one at a time; CPU, embedded model), W4 (64
 prompts of 256 tokens: every position's log-probability and top 5, as /v1/completions echoes them), W5
 (reranking: a 64-token query and 100 documents of 100 tokens in the reranker's template, yes/no labels, prefix
-sharing on and off).
+sharing on and off). Every scorefn figure but W3 comes with `invariance_cost`: its time with the batch-invariant
+kernels over without (SCOREFN_BATCH_INVARIANT), alternating runs in the same process.
 MFU is against the device's matmul peak measured in the same run: bfloat16 on an accelerator; on a CPU the faster
 of bfloat16 and float32 (without bfloat16 instructions float32 is the faster). --compile-times measures the default bucket set's
 warm-up cold and from the persistent cache, each in a fresh process. The last output line is one JSON summary.
@@ -61,6 +62,20 @@ def timed_runs(fn, repeats: int, warmup: int = 1) -> list[float]:
         fn()
         out.append(time.perf_counter() - started)
     return out
+
+
+def invariance_cost(scorers, run, runs: int) -> float:
+    """Median time of `run(scorer)` with the batch-invariant kernels over without (scorers: (invariant, not)),
+    alternating runs in this process so that both see the same machine."""
+    times: list[list[float]] = [[], []]
+    for scorer in scorers:
+        run(scorer)  # compiles its buckets
+    for _ in range(runs):
+        for kind, scorer in enumerate(scorers):
+            started = time.perf_counter()
+            run(scorer)
+            times[kind].append(time.perf_counter() - started)
+    return round(float(np.median(times[0]) / np.median(times[1])), 3)
 
 
 def summarize(latencies: list[float], items: int) -> dict:
@@ -147,13 +162,15 @@ def run_w3(seconds: float, clients: int, env: dict[str, str]) -> dict:
     return result
 
 
-def run_w4(scorer, baselines: dict, vocab: int, smoke: bool, quick: bool) -> dict:
+def run_w4(scorer, baselines: dict, vocab: int, smoke: bool, quick: bool, invariant_and_not) -> dict:
     """Per-token log-probabilities with the top alternatives of every position (an evaluation harness's load)."""
     prompts, tokens, top_k = (4, 32, W4_SIZE[2]) if smoke else W4_SIZE
     sequences = w4_prompts(vocab, prompts, tokens)
     runs = 2 if quick else 5
     entry = {"prompts": prompts, "tokens": tokens,
              "scorefn": summarize(timed_runs(lambda: scorer.token_logprobs(sequences), runs), prompts)}
+    entry["scorefn"]["invariance_cost"] = invariance_cost(invariant_and_not, lambda s: s.token_logprobs(sequences),
+                                                          runs)
     for dt, torch_scorer in baselines.items():
         entry[f"torch_{dt}"] = summarize(timed_runs(lambda: torch_scorer.token_logprobs(sequences, top_k),
                                                     max(1, runs // 2)), prompts)
@@ -163,7 +180,7 @@ def run_w4(scorer, baselines: dict, vocab: int, smoke: bool, quick: bool) -> dic
     return entry
 
 
-def run_w5(scorer, settings, loaded, baselines: dict, vocab: int, smoke: bool, quick: bool) -> dict:
+def run_w5(scorer, settings, loaded, baselines: dict, vocab: int, smoke: bool, quick: bool, invariant_and_not) -> dict:
     """Reranking: pairs that share the template head and the query, scored with and without prefix sharing."""
     sizes = (27, 16, 4, 16, 8) if smoke else W5_SIZE
     documents = sizes[2]
@@ -174,6 +191,7 @@ def run_w5(scorer, settings, loaded, baselines: dict, vocab: int, smoke: bool, q
     entry = {"documents": documents, "scorefn": summarize(timed_runs(lambda: scorer.score(sequences, labels), runs),
                                                           documents),
              "scorefn_no_sharing": summarize(timed_runs(lambda: unshared.score(sequences, labels), runs), documents)}
+    entry["scorefn"]["invariance_cost"] = invariance_cost(invariant_and_not, lambda s: s.score(sequences, labels), runs)
     for dt, torch_scorer in baselines.items():
         entry[f"torch_{dt}"] = summarize(timed_runs(lambda: torch_scorer.score_full(sequences, labels),
                                                     max(1, runs // 2)), documents)
@@ -261,6 +279,10 @@ def main(args: argparse.Namespace) -> int:
         model_dir, _ = resolve_model_dir(settings.model, settings.cache_dir)  # SCOREFN_MODEL, else the embedded one
     loaded = load_model(str(model_dir), settings.cache_dir)
     scorer, platform = startup.scorer(settings, loaded, lazy=True)
+    # The same settings with batch invariance the other way: its cost per workload, measured beside scorefn's own.
+    other = "false" if platform.kernels.batch_invariant else "true"
+    flipped, _ = startup.scorer(settings.replace(batch_invariant=other), loaded, lazy=True)
+    invariant_and_not = (scorer, flipped) if platform.kernels.batch_invariant else (flipped, scorer)
     cfg, vocab = loaded.cfg, loaded.cfg.vocab_size
     peak, peak_dtype = matmul_peak(accelerator)
     report: dict = {"backend": backend, "platform": platform.describe(), "cpus": os.cpu_count(),
@@ -281,6 +303,7 @@ def main(args: argparse.Namespace) -> int:
         row = summarize(timed_runs(lambda: scorer.score(sequences, labels), runs), len(sequences))
         row["gflops"] = request_flops(cfg, sequences) * row["items_per_s"] / len(sequences) / 1e9
         row["mfu"] = row["gflops"] / peak
+        row["invariance_cost"] = invariance_cost(invariant_and_not, lambda s: s.score(sequences, labels), runs)
         return row
 
     report["w1"] = {}
@@ -288,7 +311,7 @@ def main(args: argparse.Namespace) -> int:
         sequences, labels = w1_request(vocab, n)
         entry = {"scorefn": ours(sequences, labels, repeats)}
         line = f"W1 {n:>3} items: scorefn {entry['scorefn']['items_per_s']:9.1f} items/s " \
-               f"p50 {entry['scorefn']['p50_ms']:7.2f} ms"
+               f"p50 {entry['scorefn']['p50_ms']:7.2f} ms (invariance {entry['scorefn']['invariance_cost']:.2f}x)"
         for dt, torch_scorer in baselines.items():
             entry[f"torch_{dt}"] = summarize(timed_runs(lambda: torch_scorer.score_full(sequences, labels),
                                                         max(2, repeats // 4)), n)
@@ -304,7 +327,7 @@ def main(args: argparse.Namespace) -> int:
         entry = {"query_tokens": query_tokens, "items": n_items, "scorefn": ours(sequences, labels,
                                                                                    2 if quick else 5)}
         line = f"W2 {query_tokens}x{n_items}x{item_tokens}: scorefn {entry['scorefn']['items_per_s']:.1f} items/s " \
-               f"(MFU {entry['scorefn']['mfu']:.3f})"
+               f"(MFU {entry['scorefn']['mfu']:.3f}, invariance {entry['scorefn']['invariance_cost']:.2f}x)"
         # On a CPU the full-sequence baseline is timed on a subset: its cost is linear in items (no sharing).
         subset = n_items if accelerator else 2 if smoke else 8 if quick else 20
         for dt, torch_scorer in baselines.items():
@@ -318,18 +341,20 @@ def main(args: argparse.Namespace) -> int:
         report[name] = entry
         print(line, flush=True)
 
-    report["w4"] = run_w4(scorer, baselines, vocab, smoke, quick)
+    report["w4"] = run_w4(scorer, baselines, vocab, smoke, quick, invariant_and_not)
     w4 = report["w4"]
     line = f"W4 {w4['prompts']}x{w4['tokens']} echo+logprobs {W4_SIZE[2]}: scorefn " \
-           f"{w4['scorefn']['items_per_s']:.1f} prompts/s ({w4['scorefn']['tokens_per_s']:.0f} tokens/s)"
+           f"{w4['scorefn']['items_per_s']:.1f} prompts/s ({w4['scorefn']['tokens_per_s']:.0f} tokens/s, invariance " \
+           f"{w4['scorefn']['invariance_cost']:.2f}x)"
     for dt in baselines:
         line += f" | torch {dt} {w4[f'torch_{dt}']['items_per_s']:.2f} prompts/s"
     print(line, flush=True)
 
-    report["w5"] = run_w5(scorer, settings, loaded, baselines, vocab, smoke, quick)
+    report["w5"] = run_w5(scorer, settings, loaded, baselines, vocab, smoke, quick, invariant_and_not)
     w5 = report["w5"]
     line = f"W5 rerank {w5['documents']} documents: scorefn {w5['scorefn']['items_per_s']:.1f} documents/s, " \
-           f"prefix sharing off {w5['scorefn_no_sharing']['items_per_s']:.1f}"
+           f"prefix sharing off {w5['scorefn_no_sharing']['items_per_s']:.1f}, invariance " \
+           f"{w5['scorefn']['invariance_cost']:.2f}x"
     for dt in baselines:
         line += f" | torch {dt} {w5[f'torch_{dt}']['items_per_s']:.2f}, prefix cache " \
                 f"{w5[f'torch_{dt}_prefix_cache']['items_per_s']:.1f} documents/s"
@@ -383,6 +408,10 @@ def _summary(report: dict, baselines: dict) -> dict:
         for dt in baselines:
             summary[f"{name}_vs_torch_{dt}"] = ratio(entry, f"torch_{dt}")
     summary["w4_tokens_per_s"] = round(report["w4"]["scorefn"]["tokens_per_s"])
+    # Time with the batch-invariant kernels over without, per workload (the aim: at most 1.1 on a CPU).
+    costs = {f"w1_{n}": entry["scorefn"]["invariance_cost"] for n, entry in report["w1"].items()}
+    costs |= {name: report[name]["scorefn"]["invariance_cost"] for name in ("w2", "w2_peer", "w4", "w5") if name in report}
+    summary["invariance_cost"] = costs
     summary["w5_sharing_vs_not"] = ratio(report["w5"], "scorefn_no_sharing")
     for dt in baselines:
         summary[f"w5_vs_torch_{dt}_prefix_cache"] = ratio(report["w5"], f"torch_{dt}_prefix_cache")

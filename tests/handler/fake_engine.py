@@ -31,6 +31,7 @@ class FakeEngine:
     task = "causal_lm"
     classifiers: tuple = ()  # tests/handler/test_classify.py installs some
     rerankers: tuple = ()  # tests/handler/test_rerank.py installs some
+    batch_invariant = True
 
     def __init__(self, *, gated: bool = False) -> None:
         self.start_gate = threading.Event()  # start() waits for it when gated

@@ -23,7 +23,8 @@ def test_models(client: Client) -> None:
     data = client.get("/v1/models").json()
     assert data["object"] == "list" and len(data["data"]) == 1
     card = data["data"][0]
-    assert card == {"id": "fake-model", "object": "model", "created": card["created"], "owned_by": "scorefn"}
+    assert card == {"id": "fake-model", "object": "model", "created": card["created"], "owned_by": "scorefn",
+                    "batch_invariant": True}
 
 
 def test_tokenize(client: Client) -> None:

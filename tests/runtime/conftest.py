@@ -13,6 +13,7 @@ from runtime.serving.buckets import BucketPlan
 from runtime.serving.executables import Executables
 from runtime.serving.grid import GridLayout
 from runtime.model.config import load_config
+from runtime.model.invariant import PREFIX_ALIGN
 from runtime.model.transformer import Kernels, Transformer
 from runtime.serving.platform import resolve
 from runtime.serving.scorer import Scorer
@@ -34,6 +35,8 @@ def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None 
     cfg = load_config(model_dir)
     plan = plan or small_plan()
     kernels = kernels or resolve(load_settings(environ={}, dtype=dtype), backend="cpu").kernels
+    if kernels.batch_invariant:  # rows of whole tiles, as runtime.serving.compose plans them
+        plan = plan.aligned(PREFIX_ALIGN)
     model = Transformer(cfg, load_arrays(model_dir, cfg), dtype, kernels, plan.max_length)
     return Scorer(plan, Executables(model, lazy=lazy))
 
@@ -150,8 +153,8 @@ CASES = {
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}}),
 }
 # One plan for every path (full sequences, a shared prefix as a cascade, per-position log-probabilities), one bucket
-# of each kind: six executables per case. Bucket choice and splitting are tested elsewhere (test_batching).
-PARITY_PLAN = small_plan(lengths=(32,), batches=(8,), labels=(16,), prefix_sharing=True, suffix_lengths=(8,),
+# of each kind: six executables per case. 64 tokens: room for a prefix the batch-invariant kernels share (32). Bucket choice and splitting are tested elsewhere (test_batching).
+PARITY_PLAN = small_plan(lengths=(64,), batches=(8,), labels=(16,), prefix_sharing=True, suffix_lengths=(8,),
                          suffix_batches=(4,), completion_batches=(4,))
 
 

@@ -4,10 +4,13 @@ they match transformers as the default kernels do (tests/runtime/model/test_pari
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from runtime.interface import Sampling
 from runtime.model.invariant import PREFIX_ALIGN
 from runtime.model.transformer import Kernels
 from tests.conftest import torch_label_logprobs
@@ -128,3 +131,23 @@ def test_the_embedded_model_scores_the_same_bits_after_a_shared_prefix(embedded_
     assert shared.prefix_batches > 0
     for sequence, scores in zip(sequences, together):
         assert np.array_equal(scores, full.score([sequence], labels)[0]), dtype
+
+
+def assert_same_token_logprobs(ours, theirs, note=""):
+    for name in ("next_logprobs", "top_ids", "top_logprobs", "next_id", "next_logprob"):
+        assert np.array_equal(getattr(ours, name), getattr(theirs, name)), (name, note)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_every_position_has_the_same_bits_in_any_batch(embedded_dir, dtype):
+    """/v1/completions' per-position log-probabilities and top alternatives, greedy and drawn at a temperature."""
+    scorer = scorer_for(embedded_dir, dtype, dataclasses.replace(PLAN, completion_batches=(1, 4)), kernels=INVARIANT)
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(0, 49152, 19).tolist()
+    others = random_sequences(rng, 5, 1, 64, 49152)
+    for sampling in (Sampling(), Sampling(temperature=0.7, seed=11)):
+        alone = scorer.token_logprobs([prompt], [sampling])[0]
+        for row in (0, 2, 5):
+            batch = others[:row] + [prompt] + others[row:]
+            together = scorer.token_logprobs(batch, [Sampling()] * row + [sampling] + [Sampling()] * (5 - row))
+            assert_same_token_logprobs(together[row], alone, (dtype, sampling, row))

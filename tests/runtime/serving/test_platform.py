@@ -24,6 +24,17 @@ def test_cpu_defaults():
     assert not platform.kernels.unroll and platform.kernels.matmul_precision is None
     assert platform.layout == GridLayout((1, 2, 4, 8, 16, 32), (8, 12, 16, 24, 32, 48, 64, 128), (8, 32))
     assert platform.max_bucket_tokens == 16384
+    assert platform.kernels.batch_invariant and platform.length_align == 32  # the plan rounds suffixes up to 32
+
+
+def test_batch_invariance_is_on_by_default_on_a_cpu_only():
+    def invariant(backend, **environ):
+        return resolve(load_settings(environ=environ), backend=backend).kernels.batch_invariant
+    assert invariant("cpu") and not invariant("gpu") and not invariant("tpu")
+    assert not invariant("cpu", SCOREFN_BATCH_INVARIANT="false") and invariant("gpu", SCOREFN_BATCH_INVARIANT="true")
+    gpu = resolve(load_settings(environ={"SCOREFN_BATCH_INVARIANT": "true"}), backend="gpu")
+    assert gpu.kernels.attention == "xla" and isinstance(gpu.layout, GridLayout)  # what the invariant kernels run
+    assert not invariant("cpu", SCOREFN_ATTENTION="cudnn")  # auto yields to an explicit choice it cannot run
 
 
 def test_cpu_bfloat16_unrolls_but_keeps_float32_attention():
@@ -43,6 +54,9 @@ def test_accelerator_defaults(backend, attention):
 def test_the_cpu_keeps_the_grid_and_either_layout_can_be_chosen():
     assert resolve(load_settings(environ={}), backend="cpu").layout.name == "grid"
     assert resolve(load_settings(environ={"SCOREFN_BUCKET_LAYOUT": "packed"}), backend="cpu").layout.name == "packed"
+    with pytest.raises(ValueError, match="SCOREFN_BATCH_INVARIANT=true needs"):  # packed rows are not invariant
+        resolve(load_settings(environ={"SCOREFN_BUCKET_LAYOUT": "packed", "SCOREFN_BATCH_INVARIANT": "true"}),
+                backend="cpu")
     grid = resolve(load_settings(environ={"SCOREFN_BUCKET_LAYOUT": "grid"}), backend="tpu").layout
     assert grid.batches[-1] == 256 and grid.suffix_batches[-1] == 512  # the accelerators' grid buckets
     short = resolve(load_settings(environ={"SCOREFN_LENGTH_BUCKETS": "16,64"}), backend="gpu").layout

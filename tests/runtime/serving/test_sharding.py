@@ -23,12 +23,13 @@ from tests.runtime.conftest import random_sequences, small_plan, tiny_checkpoint
 MESHES = ("1x1", "4x1", "1x4", "2x2")  # "1x1": the unsharded single-device runtime, the reference
 # Buckets divide by the data axis (4); prefix sharing on, so the context keys/values path runs sharded too;
 # one completion bucket, so per-position log-probabilities (/v1/completions) run sharded too.
-TINY_BUCKETS = dict(length_buckets=(16,), batch_buckets=(4,), context_buckets=(16,), suffix_batch_buckets=(4,),
+# 64 tokens: room for a shared prefix of 32, where the batch-invariant kernels (the CPU's default) cut one.
+TINY_BUCKETS = dict(length_buckets=(64,), batch_buckets=(4,), context_buckets=(64,), suffix_batch_buckets=(4,),
                     suffix_length_buckets=(8,), completion_batch_buckets=(4,), max_labels=4, prefix_sharing=True,
                     dtype="float32")
 # The embedded model compiles slowly on 2 cores: one (batch, length) bucket, no prefix sharing (the tiny
 # models cover the context path, with KV heads replicated as the embedded model's would be).
-EMBEDDED_BUCKETS = {**TINY_BUCKETS, "batch_buckets": (8,), "prefix_sharing": False}
+EMBEDDED_BUCKETS = {**TINY_BUCKETS, "length_buckets": (32,), "batch_buckets": (8,), "prefix_sharing": False}
 TINY_CASES = {
     # 8 query heads split 4 ways; 2 KV heads split on a model axis of 2 (2x2), replicated on 4 (1x4); biases.
     "llama": ("llama", dict(num_attention_heads=8, num_key_value_heads=2, attention_bias=True, mlp_bias=True)),
@@ -48,12 +49,12 @@ TINY_ATOL = 1e-5
 
 def requests(vocab: int, small: bool = False) -> list[tuple[list[list[int]], list[int]]]:
     rng = np.random.default_rng(7)
-    query = rng.integers(0, vocab, 10).tolist()
+    query = rng.integers(0, vocab, 34).tolist()
     padded = (random_sequences(rng, 6, 1, 16, vocab), [0, 5, vocab - 1, 5])  # padded rows (and columns)
     if small:
         return [padded]
     return [padded, (random_sequences(rng, 11, 1, 16, vocab), [3, 1]),  # three device batches
-            # a shared prefix: twelve items cost less after it (three batches of 4 x 8) than in full
+            # a shared prefix: twelve items cost less after it (three batches of 4 x 32) than in full
             ([query + list(range(5 + i, 6 + i + i % 3)) for i in range(12)], [1, 2, 3])]
 
 

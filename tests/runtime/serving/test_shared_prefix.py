@@ -1,4 +1,5 @@
-"""Shared-prefix scoring equals full recomputation (float32, 1e-4) in every shape a request can take."""
+"""Shared-prefix scoring equals full recomputation to the bit (the CPU's batch-invariant kernels) in every shape a
+request can take."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def assert_shared_equals_full(scorers, sequences, expect_shared=True):
     batches_before = shared.prefix_batches
     got = shared.score(sequences, LABELS)
     assert (shared.prefix_batches > batches_before) == expect_shared
-    np.testing.assert_allclose(got, full.score(sequences, LABELS), atol=1e-4, rtol=0)
+    assert np.array_equal(got, full.score(sequences, LABELS))
 
 
 def test_text_mode_items_of_very_different_lengths(scorers, tokenizer):
@@ -38,7 +39,9 @@ def test_text_mode_items_of_very_different_lengths(scorers, tokenizer):
 def test_item_first_shares_nothing_unless_items_agree(scorers, tokenizer):
     items = ["Great food!", "Great service, bad food."]  # common prefix "Great" only
     assert_shared_equals_full(scorers, [tokenizer.encode(item + QUERY) for item in items], expect_shared=False)
-    shared_start = ["Review one says: " + x for x in ("great", "awful", "fine, I guess")]
+    opening = ("Here is a review a customer left on our website last week, after a long dinner with three friends at "
+               "the restaurant on the corner. The owner asked us to read it. Review one says: ")  # over 32 tokens
+    shared_start = [opening + x for x in ("great", "awful", "fine, I guess")]
     assert_shared_equals_full(scorers, [tokenizer.encode(item + QUERY[:60]) for item in shared_start])
 
 
