@@ -29,7 +29,10 @@ PROBES = [
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def server(request):
     # A wait budget no request here misses: these tests are about the scores' bits, not admission.
-    with ServerProcess(env={**SMALL_BUCKETS, "SCOREFN_DTYPE": request.param, "SCOREFN_MAX_WAIT_S": "600"}) as process:
+    # 128 tokens: the built-in reranker's template with a query and a document.
+    env = {**SMALL_BUCKETS, "SCOREFN_LENGTH_BUCKETS": "32,64,128", "SCOREFN_DTYPE": request.param,
+           "SCOREFN_MAX_WAIT_S": "600"}
+    with ServerProcess(env=env) as process:
         yield process
 
 
