@@ -8,18 +8,17 @@ item's score moved with its batch, its bucket and the other requests (1e-5 in fl
 
 How it is avoided:
 - The matmuls (the attention's projections, the MLP or experts) and the norms before them run over every token of
-  the device batch at once, in matmuls of at least MIN_TOKENS rows (a batch with fewer tokens gets copies of its last row, dropped after the
-  layers): XLA:CPU computes a row of such a matmul with the same bits whatever the number of rows from 33 up and
-  wherever the row is (measured on model shapes, float32 and bfloat16, on an Intel Xeon with AMX, 2026-11-25; the
-  AMD EPYC's rows fell into the same classes: 1, 2-32, 33 or more rows). This one is a measured property of the
+  the device batch at once, in matmuls of at least MIN_TOKENS rows (a batch with fewer tokens gets copies of its
+  last row, dropped after the layers): XLA:CPU computes a row of such a matmul with the same bits whatever the
+  number of rows from 33 up and wherever the row is (measured on model shapes, float32 and bfloat16, on an Intel
+  Xeon with AMX, 2026-11-25; the AMD EPYC's rows fell into the same classes: 1, 2-32, 33 or more rows). This one is a measured property of the
   host's kernels, not a construction: tests/runtime/model/test_invariance.py checks it end to end for every family
   and the embedded model, and a host where it fails needs a start-up probe before invariance goes on by default.
 - The RoPE tables, the q/k norms and the rotation run over fixed-shape tiles of HEADS_TILE tokens in a loop: every
   tile is computed by the one compiled kernel of that shape, whatever the batch or bucket (over all rows at once
   their bits moved with the batch on tiny Gemma 3, OLMo 2 and Qwen3-MoE configs). A row is a whole number of tiles
   (its bucket's length is a multiple of HEADS_TILE), so a token's place in its tile is its position modulo
-  HEADS_TILE in every program. The final norm and the vocabulary head
-  run over tiles of TILE rows.
+  HEADS_TILE in every program. The final norm and the vocabulary head run over tiles of TILE rows.
 - Attention runs per tile of TILE queries over key blocks of TILE keys at absolute positions, in order, with an
   online softmax: blocks past the queries are never visited, keys masked inside a block add exact zeros, so the
   arithmetic of a query depends only on its position and the keys of its own sequence, not on the row's padding.

@@ -392,7 +392,8 @@ class Transformer(nnx.Module):
             def read_tile(xs):
                 h_t, t_t = xs  # [tile, D], [tile]
                 return tuple(a[0] for a in read((self._normed(h_t)[None], t_t[None])))
-            flat = invariant.rowwise(read_tile, (h.reshape(B * T, -1), targets.reshape(B * T)), invariant.POSITION_TILE)
+            flat = invariant.rowwise(read_tile, (h.reshape(B * T, -1), targets.reshape(B * T)),
+                                     invariant.POSITION_TILE)
             next_logprobs, top_ids, top_logprobs = (a.reshape(B, T, *a.shape[1:]) for a in flat)
         else:
             normed = self._normed(h)  # [B, T, D]

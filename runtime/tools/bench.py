@@ -410,7 +410,8 @@ def _summary(report: dict, baselines: dict) -> dict:
     summary["w4_tokens_per_s"] = round(report["w4"]["scorefn"]["tokens_per_s"])
     # Time with the batch-invariant kernels over without, per workload (the aim: at most 1.1 on a CPU).
     costs = {f"w1_{n}": entry["scorefn"]["invariance_cost"] for n, entry in report["w1"].items()}
-    costs |= {name: report[name]["scorefn"]["invariance_cost"] for name in ("w2", "w2_peer", "w4", "w5") if name in report}
+    costs |= {name: report[name]["scorefn"]["invariance_cost"]
+              for name in ("w2", "w2_peer", "w4", "w5") if name in report}
     summary["invariance_cost"] = costs
     summary["w5_sharing_vs_not"] = ratio(report["w5"], "scorefn_no_sharing")
     for dt in baselines:
