@@ -11,9 +11,9 @@ How it is avoided:
   the device batch at once, in matmuls of at least MIN_TOKENS rows (a batch with fewer tokens gets copies of its
   last row, dropped after the layers): XLA:CPU computes a row of such a matmul with the same bits whatever the
   number of rows from 33 up and wherever the row is (measured on model shapes, float32 and bfloat16, on an Intel
-  Xeon with AMX, 2026-11-25; the AMD EPYC's rows fell into the same classes: 1, 2-32, 33 or more rows). This one is a measured property of the
-  host's kernels, not a construction: tests/runtime/model/test_invariance.py checks it end to end for every family
-  and the embedded model, and a host where it fails needs a start-up probe before invariance goes on by default.
+  Xeon with AMX, 2026-11-25; the AMD EPYC's rows fell into the same classes: 1, 2-32, 33 or more rows). This one
+  is a measured property of the host's kernels, not a construction: tests/runtime/model/test_invariance.py checks
+  it end to end for every family and the embedded model; a host where it failed would need a start-up probe.
 - The RoPE tables, the q/k norms and the rotation run over fixed-shape tiles of HEADS_TILE tokens in a loop: every
   tile is computed by the one compiled kernel of that shape, whatever the batch or bucket (over all rows at once
   their bits moved with the batch on tiny Gemma 3, OLMo 2 and Qwen3-MoE configs). A row is a whole number of tiles
