@@ -34,7 +34,9 @@ def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None 
     """A scorer as the CPU platform runs it (runtime.serving.platform), or with the given kernels."""
     cfg = load_config(model_dir)
     plan = plan or small_plan()
-    kernels = kernels or resolve(load_settings(environ={}, dtype=dtype), backend="cpu").kernels
+    # As the platform decides: batch invariance (the CPU's default) runs the grid, and yields to packed rows.
+    kernels = kernels or resolve(load_settings(environ={}, dtype=dtype, bucket_layout=plan.layout.name),
+                                 backend="cpu").kernels
     if kernels.batch_invariant:  # rows of whole tiles, as runtime.serving.compose plans them
         plan = plan.aligned(PREFIX_ALIGN)
     model = Transformer(cfg, load_arrays(model_dir, cfg), dtype, kernels, plan.max_length)
