@@ -14,9 +14,9 @@ How it is avoided:
   Xeon with AMX, 2026-11-25; the AMD EPYC's rows fell into the same classes: 1, 2-32, 33 or more rows). This one
   is a measured property of the host's kernels, not a construction: tests/runtime/model/test_invariance.py checks
   it end to end for every family and the embedded model; a host where it failed would need a start-up probe.
-- The RoPE tables, the q/k norms and the rotation run over fixed-shape tiles of HEADS_TILE tokens in a loop: every
-  tile is computed by the one compiled kernel of that shape, whatever the batch or bucket (over all rows at once
-  their bits moved with the batch on tiny Gemma 3, OLMo 2 and Qwen3-MoE configs). A row is a whole number of tiles
+- The RoPE tables and the q/k norms run over fixed-shape tiles of HEADS_TILE tokens in a loop: every tile is
+  computed by the one compiled kernel of that shape, whatever the batch or bucket (over all rows at once the q/k
+  norms' bits moved with the batch on tiny Gemma 3, OLMo 2 and Qwen3-MoE configs; the rotation's did not). A row is a whole number of tiles
   (its bucket's length is a multiple of HEADS_TILE), so a token's place in its tile is its position modulo
   HEADS_TILE in every program. The final norm and the vocabulary head run over tiles of TILE rows.
 - Attention runs per tile of TILE queries over key blocks of TILE keys at absolute positions, in order, with an
@@ -46,7 +46,7 @@ from runtime.model.attention import MASKED, visible
 
 F32 = jnp.float32
 MIN_TOKENS = 64  # the fewest token rows a forward pass's matmuls get (33 or more: see above)
-HEADS_TILE = 32  # tokens of a tile of RoPE tables, q/k norms and rotation
+HEADS_TILE = 32  # tokens of a tile of RoPE tables and q/k norms
 TILE = 16  # queries of an attention tile and keys of a block; rows of the vocabulary head's tiles
 POSITION_TILE = 64  # positions of a tile of per-position log-probabilities (each tile reads the vocabulary head)
 PREFIX_ALIGN = 32  # a shared prefix is cut at a multiple of this: whole tiles of HEADS_TILE and TILE before the items

@@ -150,35 +150,34 @@ class Transformer(nnx.Module):
 
     def _heads(self, q, k, p, rope, tiled: bool):
         """q [B, T, N * E] and k [B, T, K * E] -> normed (where the family norms them) and rotated q [B, T, N, E],
-        k [B, T, K, E] in the attention dtype. `tiled`: in fixed-shape tiles of tokens (runtime.model.invariant):
-        over all rows at once, these elementwise steps and short reductions moved with the number of rows (tiny
-        Gemma 3, OLMo 2 and Qwen3-MoE configs, 2026-11-25), where the projections' matmuls did not."""
-        if not tiled:
-            return self._normed_rotated(q, k, p, rope)
-        B, T = q.shape[:2]
-        tokens = jax.tree.map(lambda a: a.reshape(B * T, *a.shape[2:]), (q, k, rope))
-
-        def one_tile(xs):
-            q_t, k_t, rope_t = jax.tree.map(lambda a: a[None], xs)
-            return tuple(a[0] for a in self._normed_rotated(q_t, k_t, p, rope_t))
-        q, k = invariant.by_tiles(one_tile, tokens, invariant.HEADS_TILE)
-        return q.reshape(B, T, *q.shape[1:]), k.reshape(B, T, *k.shape[1:])
-
-    def _normed_rotated(self, q, k, p, rope):
-        """_heads over all rows at once."""
+        k [B, T, K, E] in the attention dtype. `tiled`: the q/k norms in fixed-shape tiles of tokens
+        (runtime.model.invariant): over all rows at once their short reductions moved with the number of rows (tiny
+        Gemma 3, OLMo 2 and Qwen3-MoE configs, 2026-11-25), where the rotation did not."""
         cfg = self.cfg
         B, T, _ = q.shape
-        if cfg.qk_norm == "projection":  # OLMo 2: over all heads at once
-            q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+        if cfg.qk_norm and tiled:
+            flat = (q.reshape(B * T, -1), k.reshape(B * T, -1))
+            q, k = invariant.by_tiles(lambda xs: self._qk_normed(*xs, p), flat, invariant.HEADS_TILE)
+        elif cfg.qk_norm:
+            q, k = self._qk_normed(q, k, p)
         q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)
         k = k.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm == "head":
-            q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
         (cos, sin), local = rope
         if local is not None:  # Gemma 3: the sliding layers' own RoPE base
             cos, sin = jnp.where(p["local_rope"], local[0], cos), jnp.where(p["local_rope"], local[1], sin)
         adt = self.attention_dtype
         return rotate(q, cos, sin).astype(adt), rotate(k, cos, sin).astype(adt)
+
+    def _qk_normed(self, q, k, p):
+        """q [..., N * E] and k [..., K * E] normed as the family norms them: OLMo 2 over all heads at once (its
+        "projection" norm), Qwen3 and Gemma 3 per head."""
+        cfg = self.cfg
+        if cfg.qk_norm == "projection":
+            return rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+        q_heads = q.reshape(*q.shape[:-1], cfg.num_heads, cfg.head_dim)
+        k_heads = k.reshape(*k.shape[:-1], cfg.num_kv_heads, cfg.head_dim)
+        return (rms_norm(q_heads, p["q_norm"], cfg.rms_norm_eps).reshape(q.shape),
+                rms_norm(k_heads, p["k_norm"], cfg.rms_norm_eps).reshape(k.shape))
 
     def _finish(self, h, out, p):
         """After attention: out [B, T, N, E] projected and added to h [B, T, D], then the MLP (or experts)."""
