@@ -47,9 +47,11 @@ from runtime.model.attention import MASKED, visible
 F32 = jnp.float32
 MIN_TOKENS = 64  # the fewest token rows a forward pass's matmuls get (33 or more: see above)
 HEADS_TILE = 32  # tokens of a tile of RoPE tables and q/k norms
-TILE = 16  # queries of an attention tile and keys of a block; rows of the vocabulary head's tiles
+TILE = 16  # rows of the vocabulary head's tiles
+QUERY_TILE = 16  # queries of an attention tile
+KEY_BLOCK = 16  # keys of an attention block, at absolute positions
 POSITION_TILE = 64  # positions of a tile of per-position log-probabilities (each tile reads the vocabulary head)
-PREFIX_ALIGN = 32  # a shared prefix is cut at a multiple of this: whole tiles of HEADS_TILE and TILE before the items
+PREFIX_ALIGN = 1  # a shared prefix is cut at a multiple of this: whole tiles of HEADS_TILE and TILE before the items
 
 
 def by_tiles(fn: Callable, xs, tile: int):
@@ -101,55 +103,62 @@ def _padded(xs, extra: int):
 
 
 def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None = None,
-           softcap: float | None = None, context=None, tile: int = TILE) -> jax.Array:
-    """Causal attention over whole rows, per tile of queries and block of keys: q [B, T, N, E], k/v [B, T, K, E]
-    -> [B, T, N, E] float32. `window` None, an int or a traced int32 scalar (a key k is visible from query q when
-    q - window < k <= q).
+           softcap: float | None = None, context=None) -> jax.Array:
+    """Causal attention over whole rows, per tile of QUERY_TILE queries and block of KEY_BLOCK keys at absolute
+    positions: q [B, T, N, E], k/v [B, T, K, E] (any T) -> [B, T, N, E] float32. `window` None, an int or a traced
+    int32 scalar (a key k is visible from query q when q - window < k <= q).
 
-    `context`: (keys, values [C, K, E], length) of a shared prefix the rows continue: the rows' tokens are at
-    positions length + t, and each query visits the prefix's blocks first, then its own row's; where the length is
-    a multiple of `tile` (PREFIX_ALIGN is), in the order and with the arithmetic of the same query in a row holding
-    the whole sequence."""
+    `context`: (keys, values [C, K, E], length) of a shared prefix the rows continue (any length): the rows' tokens
+    are at positions length + t. A block that straddles the prefix's end takes its first keys from the prefix and
+    the rest from the row, so every query visits the blocks, and the keys in them, of the same query in a row
+    holding the whole sequence.
+
+    Tiles and blocks are gathered inside the loop (clipped indices; what lies past a row is never seen) rather
+    than cut from padded copies: XLA:CPU contracts multiply-adds into FMAs per fusion, and a pad would fuse with
+    the rotation that computes q and k, in a different fusion in each program, so their bits would move."""
     B, T, N, E = q.shape
     K = k.shape[2]
     G = N // K
-    n = T // tile
-    if T % tile:
-        raise ValueError(f"rows of {T} tokens do not split into tiles of {tile}")
     scale = 1.0 / np.sqrt(E) if scale is None else scale  # jax.nn.dot_product_attention's default
-    q_tiles = q.reshape(B * n, tile, K, G, E)
-    k_blocks, v_blocks = k.reshape(B, n, tile, K, E), v.reshape(B, n, tile, K, E)
-    offsets = jnp.arange(tile)
-    start = 0 if context is None else context[2]
-
-    def block(qt, q_pos, kj, vj, k_pos, state, end=None):
-        """One block of keys kj, vj [tile, K, E] at positions k_pos (those from `end` on masked) into the online
-        softmax of the queries qt."""
-        m, total, acc = state  # [K, G, tile], [K, G, tile], [K, G, tile, E]
-        s = jnp.einsum("tkge,ske->kgts", qt, kj, preferred_element_type=F32) * scale
-        if softcap is not None:
-            s = jnp.tanh(s / softcap) * softcap
-        seen = visible(q_pos[:, None], k_pos[None, :], window)
-        s = jnp.where(seen if end is None else seen & (k_pos < end), s, MASKED)  # [K, G, tile, tile]
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        keep = jnp.exp(m - m_new)
-        p = jnp.exp(s - m_new[..., None])
-        acc = acc * keep[..., None] + jnp.einsum("kgts,ske->kgte", p.astype(vj.dtype), vj, preferred_element_type=F32)
-        return m_new, total * keep + jnp.sum(p, axis=-1), acc
+    n = -(-T // QUERY_TILE)
+    if context is None:  # rows from position 0: no prefix
+        ctx_k = ctx_v = None
+        length = 0
+    else:
+        ctx_k, ctx_v, length = context
+    q_offsets, k_offsets = jnp.arange(QUERY_TILE), jnp.arange(KEY_BLOCK)
 
     def one_tile(i):
-        row, first = i // n, (i % n) * tile
-        qt = q_tiles[i]  # [tile, K, G, E]
-        q_pos = start + first + offsets
-        state = (jnp.full((K, G, tile), MASKED, F32), jnp.zeros((K, G, tile), F32), jnp.zeros((K, G, tile, E), F32))
-        if context is not None:
-            ctx_k, ctx_v, length = context
-            ctx_kb, ctx_vb = (a.reshape(a.shape[0] // tile, tile, K, E) for a in (ctx_k, ctx_v))
-            state = jax.lax.fori_loop(0, -(-length // tile), lambda j, st: block(
-                qt, q_pos, ctx_kb[j], ctx_vb[j], j * tile + offsets, st, length), state)
-        _, total, acc = jax.lax.fori_loop(0, i % n + 1, lambda j, st: block(
-            qt, q_pos, k_blocks[row, j], v_blocks[row, j], start + j * tile + offsets, st), state)
-        out = acc / total[..., None]  # [K, G, tile, E]
-        return jnp.moveaxis(out, 2, 0).reshape(tile, N, E)
+        row, first = i // n, (i % n) * QUERY_TILE
+        qt = jnp.take(q[row], jnp.minimum(first + q_offsets, T - 1), axis=0).reshape(QUERY_TILE, K, G, E)
+        q_pos = length + first + q_offsets
 
-    return loop(one_tile, jnp.arange(B * n)).reshape(B, T, N, E)
+        def block(j, state):
+            """Keys at positions j * KEY_BLOCK + [0, KEY_BLOCK) into the online softmax of the queries qt."""
+            m, total, acc = state  # [K, G, tile], [K, G, tile], [K, G, tile, E]
+            k_pos = j * KEY_BLOCK + k_offsets
+            at_row = jnp.clip(k_pos - length, 0, T - 1)
+            kj, vj = jnp.take(k[row], at_row, axis=0), jnp.take(v[row], at_row, axis=0)  # [block, K, E]
+            if ctx_k is not None:
+                in_prefix = (k_pos < length)[:, None, None]
+                at_prefix = jnp.minimum(k_pos, ctx_k.shape[0] - 1)
+                kj = jnp.where(in_prefix, jnp.take(ctx_k, at_prefix, axis=0), kj)
+                vj = jnp.where(in_prefix, jnp.take(ctx_v, at_prefix, axis=0), vj)
+            s = jnp.einsum("tkge,ske->kgts", qt, kj, preferred_element_type=F32) * scale
+            if softcap is not None:
+                s = jnp.tanh(s / softcap) * softcap
+            s = jnp.where(visible(q_pos[:, None], k_pos[None, :], window), s, MASKED)  # [K, G, tile, block]
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            keep = jnp.exp(m - m_new)
+            p = jnp.exp(s - m_new[..., None])
+            acc = acc * keep[..., None] + jnp.einsum("kgts,ske->kgte", p.astype(vj.dtype), vj,
+                                                     preferred_element_type=F32)
+            return m_new, total * keep + jnp.sum(p, axis=-1), acc
+
+        state = (jnp.full((K, G, QUERY_TILE), MASKED, F32), jnp.zeros((K, G, QUERY_TILE), F32),
+                 jnp.zeros((K, G, QUERY_TILE, E), F32))
+        _, total, acc = jax.lax.fori_loop(0, q_pos[-1] // KEY_BLOCK + 1, block, state)
+        out = acc / total[..., None]  # [K, G, tile, E]
+        return jnp.moveaxis(out, 2, 0).reshape(QUERY_TILE, N, E)
+
+    return loop(one_tile, jnp.arange(B * n)).reshape(B, n * QUERY_TILE, N, E)[:, :T]

@@ -157,7 +157,7 @@ class Transformer(nnx.Module):
         B, T, _ = q.shape
         if cfg.qk_norm and tiled:
             flat = (q.reshape(B * T, -1), k.reshape(B * T, -1))
-            q, k = invariant.by_tiles(lambda xs: self._qk_normed(*xs, p), flat, invariant.HEADS_TILE)
+            q, k = invariant.rowwise(lambda xs: self._qk_normed(*xs, p), flat, invariant.HEADS_TILE)
         elif cfg.qk_norm:
             q, k = self._qk_normed(q, k, p)
         q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)
@@ -271,7 +271,7 @@ class Transformer(nnx.Module):
         B, T = positions.shape
         per_token = freqs if freqs.ndim == 1 else freqs[:, None, :]
         per_token = jnp.broadcast_to(per_token, (B, T, freqs.shape[-1])).reshape(B * T, -1)
-        cos, sin = invariant.by_tiles(lambda xs: tuple(a[0] for a in rope_tables(xs[0][None], xs[1][None], scaling)),
+        cos, sin = invariant.rowwise(lambda xs: tuple(a[0] for a in rope_tables(xs[0][None], xs[1][None], scaling)),
                                       (positions.reshape(B * T), per_token), invariant.HEADS_TILE)
         return cos.reshape(B, T, -1), sin.reshape(B, T, -1)
 
