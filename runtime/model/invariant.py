@@ -14,22 +14,26 @@ How it is avoided:
   Xeon with AMX, 2026-11-25; the AMD EPYC's rows fell into the same classes: 1, 2-32, 33 or more rows). This one
   is a measured property of the host's kernels, not a construction: tests/runtime/model/test_invariance.py checks
   it end to end for every family and the embedded model; a host where it failed would need a start-up probe.
-- The RoPE tables and the q/k norms run over fixed-shape tiles of HEADS_TILE tokens in a loop: every tile is
-  computed by the one compiled kernel of that shape, whatever the batch or bucket (over all rows at once the q/k
-  norms' bits moved with the batch on tiny Gemma 3, OLMo 2 and Qwen3-MoE configs; the rotation's did not). A row is a whole number of tiles
-  (its bucket's length is a multiple of HEADS_TILE), so a token's place in its tile is its position modulo
-  HEADS_TILE in every program. The final norm and the vocabulary head run over tiles of TILE rows.
-- Attention runs per tile of TILE queries over key blocks of TILE keys at absolute positions, in order, with an
-  online softmax: blocks past the queries are never visited, keys masked inside a block add exact zeros, so the
-  arithmetic of a query depends only on its position and the keys of its own sequence, not on the row's padding.
-- Items after a shared prefix (the cascade) are rows that start at a multiple of PREFIX_ALIGN: their queries visit
-  the prefix's key blocks, then their own, as they would in a row holding the whole sequence (`causal`'s context).
+- The RoPE tables and the q/k norms run over fixed-shape tiles of HEADS_TILE tokens in a loop (zero tokens appended
+  to a whole tile): every tile is computed by the one compiled kernel of that shape, whatever the batch or bucket
+  (over all rows at once the q/k norms' bits moved with the batch on tiny Gemma 3, OLMo 2 and Qwen3-MoE configs; the
+  rotation's did not). A token's bits do not depend on its place in a tile (the cascade's items start anywhere).
+  The final norm and the vocabulary head run over tiles of TILE rows.
+- Attention runs per tile of QUERY_TILE queries over blocks of KEY_BLOCK keys at absolute positions (block j holds
+  the keys at positions j * KEY_BLOCK and on), in order, with an online softmax: blocks past the queries are never
+  visited, keys masked inside a block add exact zeros, so the arithmetic of a query depends only on its position
+  and the keys of its own sequence, not on its row, the row's padding or where the row starts.
+- Items after a shared prefix (the cascade) are rows that start at the prefix's length, any length: a block that
+  straddles the prefix's end takes its first keys from the prefix and the rest from the row (`causal`'s context),
+  so each query visits the blocks of a row holding the whole sequence.
+- XLA:CPU contracts multiply-adds into FMAs per fusion (measured 2026-11-25): values that reach the loops above are
+  gathered inside them, never padded or cut beforehand, so that what computes them (the rotation) is not fused
+  with a pad of a different shape in each program.
 - Per-position log-probabilities (/v1/completions) read the vocabulary head over fixed tiles of POSITION_TILE
   positions; the token drawn at a temperature, over tiles of TILE rows.
 Not covered yet: packed rows (their programs still use the default kernels) and meshes.
 
-Shapes: B rows, T tokens per row (a multiple of HEADS_TILE and TILE), D hidden, N heads, K KV heads, G = N // K,
-E head dim.
+Shapes: B rows, T tokens per row (any), D hidden, N heads, K KV heads, G = N // K, E head dim.
 """
 
 from __future__ import annotations
@@ -49,9 +53,8 @@ MIN_TOKENS = 64  # the fewest token rows a forward pass's matmuls get (33 or mor
 HEADS_TILE = 32  # tokens of a tile of RoPE tables and q/k norms
 TILE = 16  # rows of the vocabulary head's tiles
 QUERY_TILE = 16  # queries of an attention tile
-KEY_BLOCK = 16  # keys of an attention block, at absolute positions
+KEY_BLOCK = 128  # keys of an attention block, at absolute positions (a multiple of them)
 POSITION_TILE = 64  # positions of a tile of per-position log-probabilities (each tile reads the vocabulary head)
-PREFIX_ALIGN = 1  # a shared prefix is cut at a multiple of this: whole tiles of HEADS_TILE and TILE before the items
 
 
 def by_tiles(fn: Callable, xs, tile: int):
@@ -108,24 +111,19 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
     positions: q [B, T, N, E], k/v [B, T, K, E] (any T) -> [B, T, N, E] float32. `window` None, an int or a traced
     int32 scalar (a key k is visible from query q when q - window < k <= q).
 
-    `context`: (keys, values [C, K, E], length) of a shared prefix the rows continue (any length): the rows' tokens
-    are at positions length + t. A block that straddles the prefix's end takes its first keys from the prefix and
-    the rest from the row, so every query visits the blocks, and the keys in them, of the same query in a row
-    holding the whole sequence.
+    `context`: (keys, values [C, K, E], length) of a shared prefix the rows continue (any length): the rows' tokens are at positions length + t. The blocks wholly inside the prefix are sliced from
+    it; the block that straddles its end takes its first keys from the prefix and the rest from the row; so every
+    query visits the blocks, and the keys in them, of the same query in a row holding the whole sequence.
 
-    Tiles and blocks are gathered inside the loop (clipped indices; what lies past a row is never seen) rather
-    than cut from padded copies: XLA:CPU contracts multiply-adds into FMAs per fusion, and a pad would fuse with
-    the rotation that computes q and k, in a different fusion in each program, so their bits would move."""
+    A row's tiles and blocks are gathered inside the loop (clipped indices; what lies past a row is never seen)
+    rather than cut from padded copies: XLA:CPU contracts multiply-adds into FMAs per fusion, and a pad would fuse
+    with the rotation that computes q and k, in a different fusion in each program, so their bits would move."""
     B, T, N, E = q.shape
     K = k.shape[2]
     G = N // K
     scale = 1.0 / np.sqrt(E) if scale is None else scale  # jax.nn.dot_product_attention's default
     n = -(-T // QUERY_TILE)
-    if context is None:  # rows from position 0: no prefix
-        ctx_k = ctx_v = None
-        length = 0
-    else:
-        ctx_k, ctx_v, length = context
+    ctx_k, ctx_v, length = (None, None, 0) if context is None else context
     q_offsets, k_offsets = jnp.arange(QUERY_TILE), jnp.arange(KEY_BLOCK)
 
     def one_tile(i):
@@ -133,17 +131,9 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
         qt = jnp.take(q[row], jnp.minimum(first + q_offsets, T - 1), axis=0).reshape(QUERY_TILE, K, G, E)
         q_pos = length + first + q_offsets
 
-        def block(j, state):
-            """Keys at positions j * KEY_BLOCK + [0, KEY_BLOCK) into the online softmax of the queries qt."""
+        def attend(state, k_pos, kj, vj):
+            """Keys kj, vj [block, K, E] at positions k_pos into the online softmax of the queries qt."""
             m, total, acc = state  # [K, G, tile], [K, G, tile], [K, G, tile, E]
-            k_pos = j * KEY_BLOCK + k_offsets
-            at_row = jnp.clip(k_pos - length, 0, T - 1)
-            kj, vj = jnp.take(k[row], at_row, axis=0), jnp.take(v[row], at_row, axis=0)  # [block, K, E]
-            if ctx_k is not None:
-                in_prefix = (k_pos < length)[:, None, None]
-                at_prefix = jnp.minimum(k_pos, ctx_k.shape[0] - 1)
-                kj = jnp.where(in_prefix, jnp.take(ctx_k, at_prefix, axis=0), kj)
-                vj = jnp.where(in_prefix, jnp.take(ctx_v, at_prefix, axis=0), vj)
             s = jnp.einsum("tkge,ske->kgts", qt, kj, preferred_element_type=F32) * scale
             if softcap is not None:
                 s = jnp.tanh(s / softcap) * softcap
@@ -155,9 +145,29 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
                                                      preferred_element_type=F32)
             return m_new, total * keep + jnp.sum(p, axis=-1), acc
 
+        def prefix_block(j, state):
+            k_pos = j * KEY_BLOCK + k_offsets
+            return attend(state, k_pos, *(jax.lax.dynamic_slice_in_dim(a, j * KEY_BLOCK, KEY_BLOCK)
+                                          for a in (ctx_k, ctx_v)))
+
+        def row_block(j, state):
+            k_pos = j * KEY_BLOCK + k_offsets
+            at_row = jnp.clip(k_pos - length, 0, T - 1)
+            kj, vj = jnp.take(k[row], at_row, axis=0), jnp.take(v[row], at_row, axis=0)  # [block, K, E]
+            if ctx_k is not None:  # the block that straddles the prefix's end
+                in_prefix = (k_pos < length)[:, None, None]
+                at_prefix = jnp.minimum(k_pos, ctx_k.shape[0] - 1)
+                kj = jnp.where(in_prefix, jnp.take(ctx_k, at_prefix, axis=0), kj)
+                vj = jnp.where(in_prefix, jnp.take(ctx_v, at_prefix, axis=0), vj)
+            return attend(state, k_pos, kj, vj)
+
         state = (jnp.full((K, G, QUERY_TILE), MASKED, F32), jnp.zeros((K, G, QUERY_TILE), F32),
                  jnp.zeros((K, G, QUERY_TILE, E), F32))
-        _, total, acc = jax.lax.fori_loop(0, q_pos[-1] // KEY_BLOCK + 1, block, state)
+        whole = 0
+        if ctx_k is not None and ctx_k.shape[0] >= KEY_BLOCK:  # a shorter prefix holds no whole block
+            whole = length // KEY_BLOCK
+            state = jax.lax.fori_loop(0, whole, prefix_block, state)
+        _, total, acc = jax.lax.fori_loop(whole, q_pos[-1] // KEY_BLOCK + 1, row_block, state)
         out = acc / total[..., None]  # [K, G, tile, E]
         return jnp.moveaxis(out, 2, 0).reshape(QUERY_TILE, N, E)
 

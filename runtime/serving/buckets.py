@@ -122,9 +122,6 @@ class BucketPlan:
     # streamed once); rows are split into batches that pad and launch least. The engine sets it from the
     # calibrated service model (runtime.serving.cost).
     batch_overhead_tokens: float = 32.0
-    # A shared prefix is cut at a multiple of this many tokens: 1, or the batch-invariant kernels' alignment
-    # (runtime.model.invariant.PREFIX_ALIGN: their items after a prefix start on whole tiles).
-    prefix_align: int = 1
 
     @property
     def max_length(self) -> int:
@@ -192,15 +189,6 @@ class BucketPlan:
     def count(self, task: str = "causal_lm") -> int:
         return len(self.programs(task))
 
-    def aligned(self, multiple: int) -> "BucketPlan":
-        """This plan with every row a whole number of `multiple` tokens (whole sequences, shared prefixes and the
-        items after one: lengths rounded up) and shared prefixes cut at a multiple of it: what the batch-invariant
-        kernels need (runtime.model.invariant.PREFIX_ALIGN)."""
-        if multiple == 1:
-            return self
-        return dataclasses.replace(self, lengths=rounded_up(self.lengths, multiple),
-                                   context_lengths=rounded_up(self.context_lengths, multiple),
-                                   layout=self.layout.aligned(multiple), prefix_align=multiple)
 
 
 def label_buckets(max_labels: int, steps: tuple[int, ...] | None = None) -> tuple[int, ...]:

@@ -38,7 +38,7 @@ def bucket_plan(settings: Settings, platform) -> BucketPlan:
     return BucketPlan(lengths=settings.length_buckets, max_tokens=platform.max_bucket_tokens,
                       labels=platform.label_buckets, context_lengths=settings.context_buckets,
                       prefix_sharing=settings.prefix_sharing, layout=platform.layout,
-                      completion_batches=platform.completion_batch_buckets).aligned(platform.length_align)
+                      completion_batches=platform.completion_batch_buckets)
 
 
 def executable_store(settings: Settings) -> ExecutableStore:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from runtime.serving.buckets import chunks, rounded_up
+from runtime.serving.buckets import chunks
 from runtime.serving.layout import BucketLayout, DeviceBatch
 from runtime.serving.programs import PROGRAMS
 
@@ -49,9 +49,6 @@ class GridLayout(BucketLayout):
 
     def continuation_rows(self, plan: "BucketPlan", length: int) -> int:
         return plan.batch_for(length, self.suffix_batches)
-
-    def aligned(self, multiple: int) -> "GridLayout":
-        return dataclasses.replace(self, suffix_lengths=rounded_up(self.suffix_lengths, multiple))
 
     def problems(self, plan: "BucketPlan", data: int) -> list[str]:
         checks = [("SCOREFN_BATCH_BUCKETS", sorted({b for b, _ in self.full_buckets(plan)}))]

@@ -46,7 +46,6 @@ def shared_prefix_length(plan: BucketPlan, sequences: Sequence[Sequence[int]], r
     if rope_length_limit is not None and max(map(len, sequences)) > rope_length_limit:
         return 0
     shared = min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
-    shared -= shared % plan.prefix_align
     rests = sorted((len(s) - shared for s in sequences), reverse=True)
     contexts = plan.contexts()
     if shared == 0 or rests[0] > plan.max_suffix or not contexts or shared > contexts[-1]:

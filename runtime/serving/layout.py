@@ -80,10 +80,6 @@ class BucketLayout:
         """Rows of the largest device batch of items after a shared prefix at this row width."""
         raise NotImplementedError
 
-    def aligned(self, multiple: int) -> "BucketLayout":
-        """This layout with every row a whole number of `multiple` tokens (BucketPlan.aligned)."""
-        raise NotImplementedError
-
     def problems(self, plan: "BucketPlan", data: int) -> list[str]:
         """Why this layout's device batches would not split over `data` devices (empty: they do)."""
         raise NotImplementedError

@@ -84,9 +84,6 @@ class PackedLayout(BucketLayout):
             return tuple(sorted({-(-v // data) * data for v in values}))
         return dataclasses.replace(self, rows=up(self.rows), wide_rows=up(self.wide_rows), slots=up(self.slots))
 
-    def aligned(self, multiple: int) -> "PackedLayout":
-        raise ValueError("packed rows are not batch-invariant yet: the batch-invariant kernels run the grid layout")
-
     def problems(self, plan: "BucketPlan", data: int) -> list[str]:
         return []  # row counts and slots are fitted to the data axis (for_data_axis)
 

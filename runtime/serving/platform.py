@@ -14,7 +14,7 @@ import logging
 import jax
 import numpy as np
 
-from runtime.model import attention, invariant
+from runtime.model import attention
 from runtime.model.config import ModelConfig
 from runtime.model.transformer import Kernels
 from runtime.serving.buckets import label_buckets, rounded_up
@@ -45,12 +45,6 @@ class Platform:
     # Rounds dispatched and not yet fetched. An accelerator runs one while the host plans and dispatches the next;
     # on a CPU host and "device" share the cores, so one (and a drain never waits behind a second).
     rounds_in_flight: int = 1
-
-    @property
-    def length_align(self) -> int:
-        """Every bucket length (whole sequences, shared prefixes, the items after one) is a multiple of this
-        (BucketPlan.aligned)."""
-        return invariant.PREFIX_ALIGN if self.kernels.batch_invariant else 1
 
     def describe(self) -> str:
         k = self.kernels

@@ -13,7 +13,6 @@ from runtime.serving.buckets import BucketPlan
 from runtime.serving.executables import Executables
 from runtime.serving.grid import GridLayout
 from runtime.model.config import load_config
-from runtime.model.invariant import PREFIX_ALIGN
 from runtime.model.transformer import Kernels, Transformer
 from runtime.serving.platform import resolve
 from runtime.serving.scorer import Scorer
@@ -22,11 +21,11 @@ from runtime.model.weights import load_arrays
 
 
 def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_lengths=(8,), suffix_batches=(4,),
-               labels=(4, 16), max_tokens=4096, contexts=None, completion_batches=(), prefix_align=1) -> BucketPlan:
+               labels=(4, 16), max_tokens=4096, contexts=None, completion_batches=()) -> BucketPlan:
     return BucketPlan(lengths=tuple(lengths), max_tokens=max_tokens, labels=tuple(labels),
                       context_lengths=tuple(contexts or lengths), prefix_sharing=prefix_sharing,
                       layout=GridLayout(tuple(batches), tuple(suffix_lengths), tuple(suffix_batches)),
-                      completion_batches=tuple(completion_batches), prefix_align=prefix_align)
+                      completion_batches=tuple(completion_batches))
 
 
 def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None = None, lazy: bool = True,
@@ -37,8 +36,6 @@ def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None 
     # As the platform decides: batch invariance (the CPU's default) runs the grid, and yields to packed rows.
     kernels = kernels or resolve(load_settings(environ={}, dtype=dtype, bucket_layout=plan.layout.name),
                                  backend="cpu").kernels
-    if kernels.batch_invariant:  # rows of whole tiles, as runtime.serving.compose plans them
-        plan = plan.aligned(PREFIX_ALIGN)
     model = Transformer(cfg, load_arrays(model_dir, cfg), dtype, kernels, plan.max_length)
     return Scorer(plan, Executables(model, lazy=lazy))
 

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from runtime.interface import Sampling
-from runtime.model.invariant import PREFIX_ALIGN
 from runtime.model.transformer import Kernels
 from tests.conftest import torch_label_logprobs
 from tests.runtime.conftest import CASES, FreshRope, random_sequences, scorer_for, small_plan, tiny_checkpoint
@@ -23,9 +22,13 @@ FAMILY_CASES = ["gemma", "gemma2", "gemma3_local_global_rope", "granite_dynamic_
                 "llama_biases", "mistral_sliding_window", "olmo2_yarn_rope", "phi3_longrope_partial_sliding", "qwen2",
                 "qwen3", "qwen3_moe_linear_rope", "smollm2_like"]
 INVARIANT = Kernels(batch_invariant=True)
-# Items after a shared prefix of 32 tokens (the alignment), in suffix rows of 32: the cascade's programs.
+# Items after a shared prefix, in suffix rows of 32: the cascade's programs.
 PREFIX_PLAN = small_plan(lengths=(32, 64), batches=(1, 4), prefix_sharing=True, suffix_lengths=(32,),
-                         suffix_batches=(1, 4), labels=(4,), contexts=(32, 64), prefix_align=PREFIX_ALIGN)
+                         suffix_batches=(1, 4), labels=(4,), contexts=(32, 64))
+# Prefixes longer than a key block (runtime.model.invariant.KEY_BLOCK): whole blocks sliced from the prefix.
+LONG_PLAN = small_plan(lengths=(64, 192), batches=(1, 4), labels=(4,))
+LONG_PREFIX_PLAN = small_plan(lengths=(64, 192), batches=(1, 4), prefix_sharing=True, suffix_lengths=(32,),
+                              suffix_batches=(1, 4), labels=(4,), contexts=(64, 192))
 # The attention variants the cascade must reproduce: plain, soft-capped, sliding, local/global, q/k norms, experts.
 CASCADE_CASES = ["gemma2", "gemma3_local_global_rope", "mistral_sliding_window", "olmo2_yarn_rope",
                  "qwen3_moe_linear_rope", "smollm2_like"]
@@ -93,13 +96,13 @@ def cascade(request, tmp_path_factory):
     family, overrides = CASES[request.param]
     model_dir = tmp_path_factory.mktemp(request.param)
     tiny_checkpoint(family, model_dir, **overrides)
-    return scorer_for(model_dir, "float32", PLAN, kernels=INVARIANT), \
-        scorer_for(model_dir, "float32", PREFIX_PLAN, kernels=INVARIANT)
+    return scorer_for(model_dir, "float32", LONG_PLAN, kernels=INVARIANT), \
+        scorer_for(model_dir, "float32", LONG_PREFIX_PLAN, kernels=INVARIANT)
 
 
 prefixed = st.fixed_dictionaries({
     "seed": st.integers(0, 2**32 - 1),
-    "prefix": st.integers(20, 40),  # any length: items start mid-tile, mid-block
+    "prefix": st.integers(20, 160),  # any length: items start mid-tile, mid-block, after whole blocks
     "items": st.integers(4, 6),  # fewer cost less in full, and are scored so
 })
 
@@ -110,7 +113,7 @@ def test_items_after_a_shared_prefix_score_the_bits_of_their_whole_sequence(casc
     full, shared = cascade
     rng = np.random.default_rng(request["seed"])
     prefix = rng.integers(0, VOCAB, request["prefix"]).tolist()
-    items = random_sequences(rng, request["items"], 1, min(32, 64 - request["prefix"]), VOCAB)  # suffix rows of 32
+    items = random_sequences(rng, request["items"], 1, 32, VOCAB)  # suffix rows of 32
     sequences = [prefix + item for item in items]
     labels = [0, 5, VOCAB - 1, 5]
     before = shared.prefix_batches
