@@ -29,6 +29,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("scorefn.runtime")
 
+def compiler_options(kernels, platform: str) -> dict[str, bool]:
+    """XLA options of every program: with the batch-invariant kernels on a GPU, XLA's deterministic mode (its
+    scatter and atomics-based reductions replaced: the same bits every run)."""
+    gpu = platform in ("gpu", "cuda", "rocm")  # a compile-only device names its platform
+    return {"xla_gpu_exclude_nondeterministic_ops": True} if kernels.batch_invariant and gpu else {}
+
+
 class Executables:
     """The compiled programs of one model, keyed by (program, bucket)."""
 
@@ -40,6 +47,7 @@ class Executables:
         self.graphdef, self.state = nnx.split(model)
         self.shapes = ModelShapes.of(model.cfg, model.attention_dtype)
         self.matmul_precision = model.kernels.matmul_precision
+        self.compiler_options = compiler_options(model.kernels, (device or jax.local_devices()[0]).platform)
         self.lazy = lazy  # compile a missing bucket on first use: for one-shot CLI runs, never for serving
         self.shardings = shardings  # or None: a single device, no sharding at all
         self.device = device or jax.local_devices()[0]
@@ -145,7 +153,7 @@ class Executables:
     def add(self, name: str, bucket: tuple, lowered: jax.stages.Lowered) -> None:
         """Compile a lowered program (or load it from the persistent cache) and store it; safe from threads."""
         hits = cache_hits_in_this_thread()
-        compiled = lowered.compile()
+        compiled = lowered.compile(self.compiler_options)
         # Only a fresh compilation is stored: on XLA:CPU an executable loaded from the persistent cache serializes
         # without its generated functions ("NOT_FOUND: Function ... not found" once loaded again; jaxlib 0.10.2).
         if self.store is not None and cache_hits_in_this_thread() == hits:

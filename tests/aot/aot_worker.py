@@ -3,7 +3,8 @@
     JAX_PLATFORMS=cpu .venv-aot/bin/python -m tests.aot.aot_worker '{"xla_dir": ..., "cases": [...]}'
 
 Each case composes a scorer the serving way (runtime.serving.compose) on a target's compile-only devices from a
-config.json alone, compiles the smallest bucket of every entry point (or those named), and reports what
+config.json alone, compiles the smallest bucket of every entry point (or those named; "every_bucket": all of
+them), and reports what
 `scorefn compile --json-out` reports for each, plus which layer-loop bodies hold the cuDNN attention call. With
 "start_side", it also composes the scorer a start with weights builds on the same devices, for its fingerprint.
 Prints one JSON line.
@@ -52,6 +53,29 @@ def layer_loops(hlo: str, layers: int) -> tuple[int, int]:
     return sum(holds_cudnn(body, set()) for body in bodies), len(bodies)
 
 
+def loop_dots(hlo: str, depth: int = 3) -> list[str]:
+    """The result shapes of the matmuls (dots, cuBLAS calls) inside at least `depth` nested while loops: those of
+    the batch-invariant attention's key blocks (layer loop > tile loop > block loop)."""
+    comps = computations(hlo)
+    found: set[str] = set()
+
+    def visit(name: str, loops: int, seen: set) -> None:
+        if (name, loops) in seen or name not in comps:
+            return
+        seen.add((name, loops))
+        text = comps[name]
+        if loops >= depth:
+            found.update(re.sub(r"\{[^}]*\}", "", shape) for shape, op, rest in
+                         re.findall(r"= (\S+) (dot|custom-call)\(([^\n]*)", text)
+                         if op == "dot" or "gemm" in rest)
+        for kind, callee in re.findall(r"(body|condition|calls|to_apply|branch_computations)=\{?%?([\w.\-]+)", text):
+            visit(callee, loops + (kind == "body"), seen)
+    entry = re.search(r"^ENTRY %?([\w.\-]+)", hlo, re.M)
+    if entry:
+        visit(entry.group(1), 0, set())
+    return sorted(found)
+
+
 def run(spec: dict) -> dict:
     import numpy as np
 
@@ -70,21 +94,24 @@ def run(spec: dict) -> dict:
         settings = load_settings(environ={}, compile_cache_dir=spec["xla_dir"], **values)
         cfg = load_config(case["config_dir"])
         scorer, platform = compose(settings, cfg, None, devices=devices, probe=False)
-        smallest: dict[str, tuple] = {}
+        chosen: dict[tuple, tuple] = {}  # (method, key) -> arguments: the smallest bucket of each, or every one
         for program, key in scorer.plan.programs(cfg.task):
             method = program.name
-            if method not in smallest and (not case.get("methods") or method in case["methods"]):
-                smallest[method] = (key, scorer.exe.specs(program, key))
+            first = not any(m == method for m, _ in chosen)
+            if (first or case.get("every_bucket")) and (not case.get("methods") or method in case["methods"]):
+                chosen[(method, key)] = scorer.exe.specs(program, key)
         rows = []
-        for method, (key, args) in smallest.items():
+        for (method, key), args in chosen.items():
             started = time.perf_counter()
             scorer.exe.add(method, key, scorer.exe.lower(method, *args))
             compiled = scorer.exe.get(method, key)
             row = executable_report(method, key, compiled, time.perf_counter() - started,
                                     scorer.exe.stored_bytes.get((method, key), 0))
             row["cudnn_layer_loops"], row["layer_loops"] = layer_loops(compiled.as_text(), cfg.num_layers)
+            row["attention_dots"] = loop_dots(compiled.as_text())
             rows.append(row)
         entry = {"platform": platform.describe(), "fingerprint": scorer.exe.fingerprint,
+                 "compiler_options": scorer.exe.compiler_options,
                  "devices": scorer.exe.fingerprint_parts["devices"], "executables": rows}
         if "memory_fraction" in case:  # the build-time out-of-memory check, against a device made small
             os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(case["memory_fraction"])

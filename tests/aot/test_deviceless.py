@@ -32,6 +32,7 @@ BUCKETS = {"length_buckets": [32, 64], "context_buckets": [32], "max_labels": 4}
 FAMILY_METHODS = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "token_logprobs"}
 PACKED = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "label_logprobs", "token_logprobs"}
 GRID = {"hidden", "hidden_after_context"}
+INVARIANT_BODIES = {"prefill_context", *GRID}
 BODIES = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "token_logprobs", *GRID}
 
 
@@ -53,6 +54,12 @@ def deviceless(tmp_path_factory) -> dict:
         {"name": f"{name}_grid", "target": target, "config_dir": causal, "methods": sorted(GRID), "settings": grid},
         {"name": f"{name}_classify", "target": target, "config_dir": classify, "methods": ["class_logits"],
          "settings": BUCKETS})]
+    # The batch-invariant kernels (SCOREFN_BATCH_INVARIANT=true): every bucket of the layer bodies, for the check
+    # that one set of attention tile shapes serves them all.
+    invariant = {**grid, "batch_invariant": "true", "batch_buckets": [1, 2], "suffix_length_buckets": [8, 16]}
+    cases += [{"name": f"{name}_invariant", "target": target, "config_dir": causal, "settings": invariant,
+               "methods": sorted(INVARIANT_BODIES), "every_bucket": True}
+              for name, target in (("h100", "h100"), ("tpu", "tpu-v5e"))]
     cases += [
         {"name": "l4_small", "target": "l4", "config_dir": causal, "methods": ["hidden_packed"], "settings": BUCKETS,
          "memory_fraction": 1e-6},  # 24 kB usable: the bucket does not fit
@@ -151,3 +158,19 @@ def test_gemma2_and_qwen3_moe_compile_for_an_h100_and_a_tpu_v5e(deviceless, case
     assert set(by_method(h100)) == set(by_method(tpu)) == FAMILY_METHODS
     for side in (h100, tpu):  # config.json alone (fused parts, stacked experts) and the weights: one fingerprint
         assert side["fingerprint"] == side["start_fingerprint"]
+
+
+@pytest.mark.parametrize("name", ["h100", "tpu"])
+def test_the_batch_invariant_programs_compile_with_one_set_of_attention_tiles(deviceless, name):
+    """What can be shown without the device: every bucket of every layer body (whole rows of 32 and 64 tokens, 1
+    or 2 rows, items of 8 or 16 after a prefix, the prefix itself) runs its attention in the same matmul shapes,
+    tiles of queries against blocks of keys, whatever the bucket; no cuDNN call; on the GPU, XLA's deterministic
+    mode. Whether the bits then hold on the device is tests/e2e/test_gpu_invariance.py's, with a device."""
+    case = deviceless[f"{name}_invariant"]
+    assert "batch-invariant on" in case["platform"]
+    rows = case["executables"]
+    assert {row["method"] for row in rows} == INVARIANT_BODIES and len(rows) >= 8, [row["bucket"] for row in rows]
+    shapes = {tuple(row["attention_dots"]) for row in rows}
+    assert len(shapes) == 1 and shapes != {()}, shapes
+    assert all(row["cudnn_layer_loops"] == 0 and row["serialized_bytes"] > 0 for row in rows)
+    assert case["compiler_options"] == ({"xla_gpu_exclude_nondeterministic_ops": True} if name == "h100" else {})
