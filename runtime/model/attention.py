@@ -111,7 +111,7 @@ def context(q: jax.Array, ctx_k: jax.Array, ctx_v: jax.Array, ctx_len: jax.Array
     values are split alike, as cuDNN's partitioner requires; on one device G = 1."""
     B, T, N, E = q.shape
     C = ctx_k.shape[0]
-    G = data_groups(B)  # G = 1 builds exactly the single-device program of before (no broadcast, same reshape)
+    G = _data_groups(B)  # G = 1 builds exactly the single-device program of before (no broadcast, same reshape)
     folded = _by_group(q.reshape(G, B * T // G, N, E), G)
     ctx_pos = jnp.arange(C)
     if window is None:
@@ -164,7 +164,7 @@ def packed(q: jax.Array, k: jax.Array, v: jax.Array, rows: Packed, window, imple
     return merge(ctx_out.reshape(R, W, N, E), ctx_lse.reshape(R, W, N), own_out, own_lse)
 
 
-def data_groups(rows: int) -> int:
+def _data_groups(rows: int) -> int:
     """The data axis of the mesh being traced for (1 without one): the rows split into that many groups."""
     mesh = jax.sharding.get_abstract_mesh()
     data = 1 if mesh.empty else dict(mesh.shape).get("data", 1)

@@ -31,8 +31,8 @@ How it is avoided:
   with a pad of a different shape in each program.
 - Per-position log-probabilities (/v1/completions) read the vocabulary head over fixed tiles of POSITION_TILE
   positions; the token drawn at a temperature, over tiles of TILE rows.
-On a mesh, every device of the data axis gets MIN_TOKENS rows; a model axis splits reductions (not covered).
-Not covered yet: packed rows (their programs still use the default kernels).
+Not covered yet: packed rows (their programs still use the default kernels) and meshes: on a 4x1 mesh of CPU devices
+the scores moved by float32 rounding against one device (tests/runtime/serving/test_sharding.py), not yet traced.
 
 Shapes: B rows, T tokens per row (any), D hidden, N heads, K KV heads, G = N // K, E head dim.
 """
@@ -47,7 +47,7 @@ import numpy as np
 
 # MASKED is finite: a block that no query sees yet keeps the running softmax finite; the first visible block weighs
 # it 0 (exp(MASKED - max) underflows to 0).
-from runtime.model.attention import MASKED, data_groups, visible
+from runtime.model.attention import MASKED, visible
 
 F32 = jnp.float32
 MIN_TOKENS = 64  # the fewest token rows a forward pass's matmuls get (33 or more: see above)
@@ -70,10 +70,8 @@ def by_tiles(fn: Callable, xs, tile: int):
 
 
 def spare_rows(rows: int, length: int) -> int:
-    """Rows of padding to add to `rows` rows of `length` tokens so that they hold at least MIN_TOKENS tokens on each
-    device of the mesh's data axis (its rows split evenly over them)."""
-    shards = data_groups(rows)
-    return max(-(-MIN_TOKENS // length) * shards - rows, 0)
+    """Rows of padding to add to `rows` rows of `length` tokens so that they hold at least MIN_TOKENS tokens."""
+    return max(-(-MIN_TOKENS // length) - rows, 0)
 
 
 def loop(fn: Callable, xs):

@@ -54,7 +54,7 @@ def layer_loops(hlo: str, layers: int) -> tuple[int, int]:
 
 
 def loop_dots(hlo: str, depth: int = 3) -> list[str]:
-    """The result shapes of the matmuls (dots, cuBLAS calls) inside at least `depth` nested while loops: those of
+    """The result shapes of the matmuls (dots, cuBLAS calls, a TPU's convolutions) inside at least `depth` nested while loops: those of
     the batch-invariant attention's key blocks (layer loop > tile loop > block loop)."""
     comps = computations(hlo)
     found: set[str] = set()
@@ -66,8 +66,8 @@ def loop_dots(hlo: str, depth: int = 3) -> list[str]:
         text = comps[name]
         if loops >= depth:
             found.update(re.sub(r"\{[^}]*\}", "", shape) for shape, op, rest in
-                         re.findall(r"= (\S+) (dot|custom-call)\(([^\n]*)", text)
-                         if op == "dot" or "gemm" in rest)
+                         re.findall(r"= (\S+) (dot|convolution|custom-call)\(([^\n]*)", text)
+                         if op != "custom-call" or "gemm" in rest)
         for kind, callee in re.findall(r"(body|condition|calls|to_apply|branch_computations)=\{?%?([\w.\-]+)", text):
             visit(callee, loops + (kind == "body"), seen)
     entry = re.search(r"^ENTRY %?([\w.\-]+)", hlo, re.M)

@@ -169,7 +169,7 @@ def test_the_batch_invariant_programs_compile_with_one_set_of_attention_tiles(de
     case = deviceless[f"{name}_invariant"]
     assert "batch-invariant on" in case["platform"]
     rows = case["executables"]
-    assert {row["method"] for row in rows} == INVARIANT_BODIES and len(rows) >= 8, [row["bucket"] for row in rows]
+    assert {row["method"] for row in rows} == INVARIANT_BODIES and len(rows) >= 7, [row["bucket"] for row in rows]
     shapes = {tuple(row["attention_dots"]) for row in rows}
     assert len(shapes) == 1 and shapes != {()}, shapes
     assert all(row["cudnn_layer_loops"] == 0 and row["serialized_bytes"] > 0 for row in rows)
