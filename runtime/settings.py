@@ -116,8 +116,8 @@ SETTINGS: tuple[Setting, ...] = (
             "packed on GPU and TPU."),
     Setting("batch_invariant", "auto", _choice("auto", "true", "false"),
             "Scores whose bits depend only on the model, its dtype and the item's own tokens and labels: never on "
-            "the other items or requests batched with it, its row, bucket, or a shared prefix (every bucket length "
-            "rounds up to a multiple of 32; the grid layout; XLA attention). auto: true on CPU, false on GPU and TPU."),
+            "the other items or requests batched with it, its row, bucket, or a shared prefix (the grid layout; XLA "
+            "attention; XLA's deterministic mode on a GPU). auto: true on CPU, false on GPU and TPU."),
     Setting("prefix_sharing", "true", _bool,
             "Compute a request's longest common token prefix once and score items against its keys/values."),
     Setting("batch_wait_ms", "2", float,

@@ -7,7 +7,6 @@ simulated minutes in tests/runtime/serving/test_scheduler_simulated.py."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,11 +21,7 @@ def test_open_loop_overload_is_answered_fast_or_refused_alike(tmp_path: Path) ->
     command = [sys.executable, "-m", "loadtests.run", "--small-buckets", "--open-loop", "4", "--duration", "25",
                "--calibrate-s", "6", "--baseline", "0.7", "--baseline-s", "10", "--recovery", "0.5",
                "--recovery-s", "25", "--recover-within-s", "15", "--bulk-items", "256", "--reports-dir", str(tmp_path)]
-    # The kernels this admission was calibrated and measured with (20 of 20 runs, docs/operations/overload.md): with
-    # the batch-invariant kernels (the CPU's default since) one fresh-clone run of three failed here, so their
-    # service model is issue 26's to calibrate before this test runs them.
-    env = {**os.environ, "SCOREFN_BATCH_INVARIANT": "false"}
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr[-3000:]
     assert result.returncode == 0 and "PASSED" in result.stdout, output
 

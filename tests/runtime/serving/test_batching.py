@@ -60,16 +60,15 @@ def test_the_cost_of_a_request_is_the_device_work_the_scorer_plans_for_it(engine
     monkeypatch.setattr(engine.scorer, "plan", dataclasses.replace(engine.scorer.plan, batch_overhead_tokens=32))
 
     rng = np.random.default_rng(2)
-    query = rng.integers(0, 49152, 36).tolist()
+    query = rng.integers(0, 49152, 30).tolist()
     jobs = {"full": Job([rng.integers(0, 49152, n).tolist() for n in (30, 20, 10, 5, 3)], [1]),
             "shared prefix": Job([query + [i] for i in range(9)], [1]),
             "completion": TokenJob(random_sequences(rng, 3, 2, 20, 49152), [Sampling()] * 3)}
     costs = {name: engine.scorer.cost([job]) for name, job in jobs.items()}
     # 4 rows of up to 32 tokens in a batch of 4 x 32 and the 3-token one in 1 x 32 (one batch of 16 would pad 11 rows)
     assert costs["full"].full == 4 * 32 + 32 and costs["full"].batches == 2
-    # the 37-token sequences' first 32 tokens in a 32-token context (the batch-invariant kernels cut a shared prefix
-    # at a multiple of 32), then 9 items of 5 tokens in batches of 4 x 32
-    assert costs["shared prefix"].context == 32 and costs["shared prefix"].continuation == 3 * 4 * 32
+    # the 31-token sequences' 30 shared tokens in a 32-token context, then 9 items of 1 token in batches of 4 x 8
+    assert costs["shared prefix"].context == 32 and costs["shared prefix"].continuation == 3 * 4 * 8
     assert costs["completion"].completion > 0 and costs["completion"].full == 0
     for name, job in jobs.items():
         before = engine.scorer.device_batches

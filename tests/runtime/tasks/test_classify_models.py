@@ -11,7 +11,6 @@ import scipy.special
 
 from handler.core import ScoringCore
 from handler.http import HttpRequest, PendingScore
-from runtime.model.transformer import Kernels
 from runtime.serving.engine import Engine
 from runtime.settings import load_settings
 from tests.runtime.conftest import random_sequences, scorer_for, small_plan, tiny_checkpoint, tiny_served
@@ -69,9 +68,7 @@ def test_classification_head_matches_transformers(family, tmp_path):
     sequences = [[1 + t for t in seq] for seq in random_sequences(rng, 6, 1, 30, 127)]
     shared = random_sequences(rng, 1, 12, 12, 127)[0]
     prefixed = [[1 + t for t in shared + tail] for tail in ([5], [6, 7, 8], [9, 10])]  # the shared-prefix path
-    # The kernels of SCOREFN_BATCH_INVARIANT=false, whose cascade shares a prefix of any length (the invariant
-    # kernels' cascade, from 32 tokens: tests/runtime/model/test_invariance.py).
-    scorer = scorer_for(tmp_path, plan=small_plan(prefix_sharing=True), kernels=Kernels())
+    scorer = scorer_for(tmp_path, plan=small_plan(prefix_sharing=True))
     for batch in (sequences, prefixed):
         ours = scorer.score(batch, [0, 1, 2])
         reference = torch_logits(model, batch)

@@ -17,7 +17,6 @@ from handler.http import HttpRequest, PendingScore
 from runtime.model.config import load_config
 from runtime.serving.engine import Engine
 from runtime.model.loader import load_tokenizer
-from runtime.model.transformer import Kernels
 from runtime.tasks.rerankers import build_rerankers
 from runtime.settings import load_settings
 from tests.runtime.conftest import scorer_for, small_plan, tiny_served
@@ -93,10 +92,8 @@ def test_head_relevance_matches_transformers_and_shares_the_query(family, tmp_pa
     tokenizer = load_tokenizer(tmp_path)
     (reranker,) = build_rerankers("", load_config(tmp_path), "tiny", tokenizer, 16)
     plan = dict(lengths=(16, 32), batches=(1, 8), suffix_lengths=(16, 32), suffix_batches=(4,))
-    # The kernels of SCOREFN_BATCH_INVARIANT=false: their cascade shares these short queries (the invariant kernels
-    # share prefixes from 32 tokens: tests/runtime/model/test_invariance.py).
-    shared = scorer_for(tmp_path, plan=small_plan(prefix_sharing=True, **plan), kernels=Kernels())
-    full = scorer_for(tmp_path, plan=small_plan(prefix_sharing=False, **plan), kernels=Kernels())
+    shared = scorer_for(tmp_path, plan=small_plan(prefix_sharing=True, **plan))
+    full = scorer_for(tmp_path, plan=small_plan(prefix_sharing=False, **plan))
     settings = load_settings(environ={})
     worst = 0.0
     for query, relevant, others in CASES[:3]:
@@ -116,7 +113,7 @@ def test_head_relevance_matches_transformers_and_shares_the_query(family, tmp_pa
             logits = np.array([model(torch.tensor([pair])).logits[0, 0].double().item() for pair in pairs])
         expected = scipy.special.expit(logits)  # sigmoid of the one logit
         np.testing.assert_allclose(by_index(answer), expected, atol=1e-4, rtol=0)
-        np.testing.assert_allclose(by_index(answer), by_index(recomputed), atol=1e-4, rtol=0)
+        assert np.array_equal(by_index(answer), by_index(recomputed))  # the invariant kernels: sharing moves no bit
         worst = max(worst, float(np.abs(by_index(answer) - expected).max()))
         assert np.ptp(logits) > 0.05  # random weights that still tell the documents apart
         assert [r["index"] for r in answer["results"]] == sorted(range(4), key=lambda i: (-expected[i], i))
