@@ -58,17 +58,6 @@ KEY_BLOCK = 128  # keys of an attention block, at absolute positions (a multiple
 POSITION_TILE = 64  # positions of a tile of per-position log-probabilities (each tile reads the vocabulary head)
 
 
-def by_tiles(fn: Callable, xs, tile: int):
-    """fn over fixed-shape tiles: every array of `xs` has a leading axis of M (a multiple of `tile`) items; fn gets
-    `tile` of them at a time and returns arrays led by `tile`; the results are put back to M."""
-    m = jax.tree.leaves(xs)[0].shape[0]
-    if m % tile:
-        raise ValueError(f"{m} items do not split into tiles of {tile}")
-    tiles = jax.tree.map(lambda a: a.reshape(m // tile, tile, *a.shape[1:]), xs)
-    out = loop(fn, tiles)
-    return jax.tree.map(lambda a: a.reshape(m, *a.shape[2:]), out)
-
-
 def spare_rows(rows: int, length: int) -> int:
     """Rows of padding to add to `rows` rows of `length` tokens so that they hold at least MIN_TOKENS tokens."""
     return max(-(-MIN_TOKENS // length) - rows, 0)
@@ -93,10 +82,12 @@ def loop(fn: Callable, xs):
 
 
 def rowwise(fn: Callable, xs, tile: int = TILE):
-    """fn over the rows of `xs` (arrays led by M rows, any M) in fixed tiles: zero rows are appended up to a
-    multiple of `tile` and their results dropped."""
+    """fn over the rows of `xs` (arrays led by M rows, any M) in fixed-shape tiles: fn gets `tile` rows at a time
+    and returns arrays led by `tile`; zero rows are appended up to a whole tile and their results dropped."""
     m = jax.tree.leaves(xs)[0].shape[0]
-    return jax.tree.map(lambda a: a[:m], by_tiles(fn, _padded(xs, -m % tile), tile))
+    padded = _padded(xs, -m % tile)
+    tiles = jax.tree.map(lambda a: a.reshape(-1, tile, *a.shape[1:]), padded)
+    return jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:])[:m], loop(fn, tiles))
 
 
 def _padded(xs, extra: int):
@@ -112,9 +103,10 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
     positions: q [B, T, N, E], k/v [B, T, K, E] (any T) -> [B, T, N, E] float32. `window` None, an int or a traced
     int32 scalar (a key k is visible from query q when q - window < k <= q).
 
-    `context`: (keys, values [C, K, E], length) of a shared prefix the rows continue (any length): the rows' tokens are at positions length + t. The blocks wholly inside the prefix are sliced from
-    it; the block that straddles its end takes its first keys from the prefix and the rest from the row; so every
-    query visits the blocks, and the keys in them, of the same query in a row holding the whole sequence.
+    `context`: (keys, values [C, K, E], length) of a shared prefix the rows continue (any length): the rows' tokens
+    are at positions length + t. The blocks wholly inside the prefix are sliced from it; the block that straddles its
+    end takes its first keys from the prefix and the rest from the row; so every query visits the blocks, and the
+    keys in them, of the same query in a row holding the whole sequence.
 
     A row's tiles and blocks are gathered inside the loop (clipped indices; what lies past a row is never seen)
     rather than cut from padded copies: XLA:CPU contracts multiply-adds into FMAs per fusion, and a pad would fuse

@@ -190,7 +190,6 @@ class BucketPlan:
         return len(self.programs(task))
 
 
-
 def label_buckets(max_labels: int, steps: tuple[int, ...] | None = None) -> tuple[int, ...]:
     buckets = [n for n in (steps or (4, 16, 64, 256, 1024, 4096)) if n < max_labels]
     return tuple(buckets + [max_labels])

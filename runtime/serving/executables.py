@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("scorefn.runtime")
 
+
 def compiler_options(kernels, platform: str) -> dict[str, bool]:
     """XLA options of every program: with the batch-invariant kernels on a GPU, XLA's deterministic mode (its
     scatter and atomics-based reductions replaced: the same bits every run)."""
@@ -47,10 +48,10 @@ class Executables:
         self.graphdef, self.state = nnx.split(model)
         self.shapes = ModelShapes.of(model.cfg, model.attention_dtype)
         self.matmul_precision = model.kernels.matmul_precision
-        self.compiler_options = compiler_options(model.kernels, (device or jax.local_devices()[0]).platform)
         self.lazy = lazy  # compile a missing bucket on first use: for one-shot CLI runs, never for serving
         self.shardings = shardings  # or None: a single device, no sharding at all
         self.device = device or jax.local_devices()[0]
+        self.compiler_options = compiler_options(model.kernels, self.device.platform)
         # Abstract parameters (no weights) compile and store, never load or run: a target's executables cannot
         # be loaded into the compiling process (its devices are compile-only stand-ins).
         self.compile_only = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(self.state))

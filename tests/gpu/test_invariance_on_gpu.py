@@ -15,7 +15,7 @@ import pytest
 from runtime.serving.executables import compiler_options
 from runtime.serving.platform import resolve
 from runtime.settings import load_settings
-from tests.runtime.conftest import random_sequences, scorer_for, small_plan
+from tests.runtime.conftest import assert_whole_sequence_bits_after_a_prefix, random_sequences, scorer_for, small_plan
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU (see the module docstring)")]
@@ -52,8 +52,4 @@ def test_items_after_a_shared_prefix_score_the_bits_of_their_whole_sequence_on_a
     rng = np.random.default_rng(1)
     prefix = rng.integers(100, 49152, 77).tolist()
     sequences = [prefix + item for item in random_sequences(rng, 12, 1, 30, 49152)]
-    labels = [7042, 4528, 11]
-    together = shared.score(sequences, labels)
-    assert shared.prefix_batches > 0
-    for sequence, scores in zip(sequences, together):
-        assert np.array_equal(scores, full.score([sequence], labels)[0])
+    assert_whole_sequence_bits_after_a_prefix(shared, full, sequences, [7042, 4528, 11])

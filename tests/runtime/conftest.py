@@ -40,6 +40,16 @@ def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None 
     return Scorer(plan, Executables(model, lazy=lazy))
 
 
+
+def assert_whole_sequence_bits_after_a_prefix(shared: Scorer, full: Scorer, sequences, labels) -> None:
+    """Items scored after their shared prefix (the cascade, which must run) have the bits of their whole sequence
+    scored alone (batch-invariant kernels)."""
+    before = shared.prefix_batches
+    together = shared.score(sequences, labels)
+    assert shared.prefix_batches > before  # the cascade ran
+    for sequence, scores in zip(sequences, together):
+        assert np.array_equal(scores, full.score([sequence], labels)[0])
+
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=256, initializer_range=0.2)
 # family -> (config class, model class), as transformers names them
@@ -152,7 +162,7 @@ CASES = {
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}}),
 }
 # One plan for every path (full sequences, a shared prefix as a cascade, per-position log-probabilities), one bucket
-# of each kind: six executables per case. 64 tokens: room for a prefix the batch-invariant kernels share (32). Bucket choice and splitting are tested elsewhere (test_batching).
+# of each kind: six executables per case. Bucket choice and splitting are tested elsewhere (test_batching).
 PARITY_PLAN = small_plan(lengths=(64,), batches=(8,), labels=(16,), prefix_sharing=True, suffix_lengths=(8,),
                          suffix_batches=(4,), completion_batches=(4,))
 

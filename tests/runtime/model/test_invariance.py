@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from runtime.interface import Sampling
 from runtime.model.transformer import Kernels
 from tests.conftest import torch_label_logprobs
-from tests.runtime.conftest import CASES, FreshRope, random_sequences, scorer_for, small_plan, tiny_checkpoint
+from tests.runtime.conftest import (CASES, FreshRope, assert_whole_sequence_bits_after_a_prefix, random_sequences,
+                                    scorer_for, small_plan, tiny_checkpoint)
 
 pytestmark = pytest.mark.slow
 PLAN = small_plan(lengths=(32, 64), batches=(1, 4), labels=(4,))  # 1 to 8 tiles of 32 tokens
@@ -115,12 +116,7 @@ def test_items_after_a_shared_prefix_score_the_bits_of_their_whole_sequence(casc
     prefix = rng.integers(0, VOCAB, request["prefix"]).tolist()
     items = random_sequences(rng, request["items"], 1, 32, VOCAB)  # suffix rows of 32
     sequences = [prefix + item for item in items]
-    labels = [0, 5, VOCAB - 1, 5]
-    before = shared.prefix_batches
-    together = shared.score(sequences, labels)
-    assert shared.prefix_batches > before  # the cascade ran
-    for sequence, scores in zip(sequences, together):
-        assert np.array_equal(scores, full.score([sequence], labels)[0])
+    assert_whole_sequence_bits_after_a_prefix(shared, full, sequences, [0, 5, VOCAB - 1, 5])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -130,11 +126,7 @@ def test_the_embedded_model_scores_the_same_bits_after_a_shared_prefix(embedded_
     rng = np.random.default_rng(3)
     prefix = rng.integers(0, 49152, 37).tolist()
     sequences = [prefix + item for item in random_sequences(rng, 5, 1, 27, 49152)]
-    labels = [7042, 4528, 11]
-    together = shared.score(sequences, labels)
-    assert shared.prefix_batches > 0
-    for sequence, scores in zip(sequences, together):
-        assert np.array_equal(scores, full.score([sequence], labels)[0]), dtype
+    assert_whole_sequence_bits_after_a_prefix(shared, full, sequences, [7042, 4528, 11])
 
 
 def assert_same_token_logprobs(ours, theirs, note=""):
