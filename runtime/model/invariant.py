@@ -31,8 +31,8 @@ How it is avoided:
   with a pad of a different shape in each program.
 - Per-position log-probabilities (/v1/completions) read the vocabulary head over fixed tiles of POSITION_TILE
   positions; the token drawn at a temperature, over tiles of TILE rows.
-Not covered yet: packed rows (their programs still use the default kernels) and meshes: on a 4x1 mesh of CPU devices
-the scores moved by float32 rounding against one device (tests/runtime/serving/test_sharding.py), not yet traced.
+A mesh with only a data axis runs this program on each device's rows (runtime.serving.sharding), so its bits are one
+device's. Not covered: packed rows (their programs still use the default kernels) and a model axis (it splits sums).
 
 Shapes: B rows, T tokens per row (any), D hidden, N heads, K KV heads, G = N // K, E head dim.
 """

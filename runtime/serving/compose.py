@@ -59,7 +59,7 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
     if cfg.task != "causal_lm":  # no language-model head: no per-position log-probabilities
         plan = dataclasses.replace(plan, completion_batches=())
     # SCOREFN_MESH; a bad layout (MeshError) stops the start here, before any compilation.
-    mesh = build_mesh_layout(settings.mesh, cfg, plan, devices)
+    mesh = build_mesh_layout(settings.mesh, cfg, plan, devices, platform.kernels.batch_invariant)
     explicit = settings.attention == "cudnn"
     platform = platforms.fit_to_model(platform, cfg, plan.max_length, explicit, probe=probe and arrays is not None)
     platform = platforms.fit_to_layout(platform, mesh, explicit)

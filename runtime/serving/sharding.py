@@ -2,6 +2,9 @@
 a `NamedSharding` per parameter, and `jit` with in/out shardings per entry point.
 
 - data: every device batch is split by rows; each data slice holds a full copy of the (model-sharded) weights.
+  With the batch-invariant kernels and no model axis, each device runs the single-device program on its own rows
+  (`jax.shard_map`): XLA's partitioner would otherwise choose its own kernels for the split program, whose bits
+  moved by float32 rounding against one device (tiny Qwen3, 2026-11-25).
 - model: tensor parallel (Megatron style). Attention is split by heads (wq/bq by output columns, wo by
   input rows), the MLP by its hidden units (w_gate/w_up by columns, w_down by rows), the embedding /
   vocabulary head by vocabulary rows; XLA inserts the all-reduces. KV heads are split with the query
@@ -131,6 +134,9 @@ class MeshLayout:
 
     mesh: Mesh
     parts: dict[str, bool]  # attention / kv / mlp / vocab: split over the model axis or replicated
+    # Each device runs the single-device program on its own rows (shard_map): a data-only mesh with the
+    # batch-invariant kernels, whose rows then get the bits they get on one device (runtime.model.invariant).
+    per_device: bool = False
 
     @property
     def data(self) -> int:
@@ -172,6 +178,10 @@ class MeshLayout:
             if role == "batch" and arg.shape[0] % self.data:
                 raise MeshError(f"{method}: batch of {arg.shape[0]} rows does not split over {self.data} devices "
                                 f"on the data axis")
+        if self.per_device:
+            spec = lambda role: self.sharding(role).spec
+            fn = jax.shard_map(fn, mesh=self.mesh, in_specs=(P(), *map(spec, arg_roles)),
+                               out_specs=jax.tree.map(spec, out_roles), check_vma=False)
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         in_shardings = (state_shardings, *(self.sharding(role) for role in arg_roles))
         out_shardings = jax.tree.map(self.sharding, out_roles)
@@ -181,7 +191,8 @@ class MeshLayout:
         on = lambda part: "split" if self.parts[part] else "replicated"
         return (f"mesh {self.data}x{self.model} (data x model) on {self.data * self.model} "
                 f"{self.mesh.devices.flat[0].platform} devices; over the model axis: attention {on('attention')}, "
-                f"KV heads {on('kv')}, MLP {on('mlp')}, vocabulary {on('vocab')}")
+                f"KV heads {on('kv')}, MLP {on('mlp')}, vocabulary {on('vocab')}"
+                + ("; each device scores its rows alone (batch-invariant)" if self.per_device else ""))
 
 
 def make_mesh(data: int, model: int, devices: Sequence[Any]) -> Mesh:
@@ -192,9 +203,10 @@ def make_mesh(data: int, model: int, devices: Sequence[Any]) -> Mesh:
         return Mesh(np.asarray(devices, dtype=object).reshape(data, model), (DATA, MODEL), axis_types=axis_types)
 
 
-def build_mesh_layout(mesh_text: str, cfg: ModelConfig, plan: BucketPlan,
-                      devices: Sequence[Any] | None = None) -> MeshLayout | None:
+def build_mesh_layout(mesh_text: str, cfg: ModelConfig, plan: BucketPlan, devices: Sequence[Any] | None = None,
+                      batch_invariant: bool = False) -> MeshLayout | None:
     """The layout for SCOREFN_MESH on this host's devices, or None for a single device (no sharding at all).
+    `batch_invariant`: the platform's kernels are; a data-only mesh then runs each device's rows alone.
 
     Raises MeshError, naming the numbers, for a layout that cannot work: more devices than the host has, a
     model axis that splits nothing, batch buckets that do not divide by the data axis."""
@@ -207,6 +219,6 @@ def build_mesh_layout(mesh_text: str, cfg: ModelConfig, plan: BucketPlan,
     parts = sharded_parts(cfg, model, data)
     if data * model < len(devices):
         log.warning("SCOREFN_MESH=%s uses %d of %d devices", mesh_text, data * model, len(devices))
-    layout = MeshLayout(make_mesh(data, model, devices[: data * model]), parts)
+    layout = MeshLayout(make_mesh(data, model, devices[: data * model]), parts, batch_invariant and model == 1)
     log.info("sharding: %s", layout.describe())
     return layout
