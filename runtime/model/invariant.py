@@ -7,17 +7,21 @@ measured on an AMD EPYC with AVX-512, 2026-11-25). Attention over a longer padde
 item's score moved with its batch, its bucket and the other requests (1e-5 in float32, ~1e-2 in bfloat16).
 
 How it is avoided:
-- The matmuls (the attention's projections, the MLP or experts) and the norms before them run over every token of
-  the device batch at once, in matmuls of at least MIN_TOKENS rows (a batch with fewer tokens gets copies of its
-  last row, dropped after the layers): XLA:CPU computes a row of such a matmul with the same bits whatever the
-  number of rows from 33 up and wherever the row is (measured on model shapes, float32 and bfloat16, on an Intel
-  Xeon with AMX, 2026-11-25; the AMD EPYC's rows fell into the same classes: 1, 2-32, 33 or more rows). This one
-  is a measured property of the host's kernels, not a construction: tests/runtime/model/test_invariance.py checks
-  it end to end for every family and the embedded model; a host where it failed would need a start-up probe.
-- The RoPE tables and the q/k norms run over fixed-shape tiles of HEADS_TILE tokens in a loop (zero tokens appended
-  to a whole tile): every tile is computed by the one compiled kernel of that shape, whatever the batch or bucket
-  (over all rows at once the q/k norms' bits moved with the batch on tiny Gemma 3, OLMo 2 and Qwen3-MoE configs; the
-  rotation's did not). A token's bits do not depend on its place in a tile (the cascade's items start anywhere).
+- The layers run on one stream of tokens [1, M, D] (`flatten`): every token of the device batch, then zero tokens up
+  to at least MIN_TOKENS, a whole number of tiles of TILE. The matmuls (the attention's projections, the MLP or
+  experts) run over the whole stream at once: XLA:CPU computes a row of such a matmul with the same bits whatever the
+  number of rows from a threshold up and wherever the row is (33 on the embedded model's shapes, 63 on the tiny
+  test configs' 64x96; measured up to 8,192 rows, float32 and bfloat16, on an Intel Xeon with AMX, 2026-11-26; the
+  AMD EPYC's fell into the same classes). This one is a measured property of the host's kernels, not a
+  construction: tests/runtime/model/test_invariance.py checks it end to end for every family and the embedded model;
+  a host where it failed would need a start-up probe.
+- The norms (RMSNorm before and after the attention and MLP, the MoE router's softmax) run over fixed tiles of TILE
+  tokens of the stream in a loop (`tokenwise`): over all tokens at once a row's bits moved with their number,
+  differently per width (576 wide at 4,096 tokens, 64 wide from 64, 960 wide from 5). Every tile is computed by the
+  one compiled kernel of that shape, whatever the batch or bucket.
+- The RoPE tables and the q/k norms likewise run over fixed tiles of HEADS_TILE tokens of the rows (zero tokens
+  appended to a whole tile; the q/k norms' bits moved with the batch on tiny Gemma 3, OLMo 2 and Qwen3-MoE configs,
+  the rotation's did not). A token's bits do not depend on its place in a tile (the cascade's items start anywhere).
   The final norm and the vocabulary head run over tiles of TILE rows.
 - Attention runs per tile of QUERY_TILE queries over blocks of KEY_BLOCK keys at absolute positions (block j holds
   the keys at positions j * KEY_BLOCK and on), in order, with an online softmax: blocks past the queries are never
@@ -50,17 +54,33 @@ import numpy as np
 from runtime.model.attention import MASKED, visible
 
 F32 = jnp.float32
-MIN_TOKENS = 64  # the fewest token rows a forward pass's matmuls get (33 or more: see above)
+MIN_TOKENS = 64  # the fewest tokens of the layers' stream: its matmuls' rows (above the thresholds: see above)
 HEADS_TILE = 32  # tokens of a tile of RoPE tables and q/k norms
-TILE = 16  # rows of the vocabulary head's tiles
+TILE = 16  # tokens of a tile of the stream's norms; rows of the vocabulary head's tiles
 QUERY_TILE = 16  # queries of an attention tile
-KEY_BLOCK = 128  # keys of an attention block, at absolute positions (a multiple of them)
+# Keys of an attention block, at absolute positions (a multiple of them): 32 against 128 cost 2% instead of 25% on
+# items of 8 tokens after a 15-token query, 4% instead of 9% on rows of 256 (embedded model, Intel Xeon, 2026-11-26).
+KEY_BLOCK = 32
 POSITION_TILE = 64  # positions of a tile of per-position log-probabilities (each tile reads the vocabulary head)
 
 
-def spare_rows(rows: int, length: int) -> int:
-    """Rows of padding to add to `rows` rows of `length` tokens so that they hold at least MIN_TOKENS tokens."""
-    return max(-(-MIN_TOKENS // length) - rows, 0)
+def flatten(x: jax.Array, tokens: int | None = None) -> jax.Array:
+    """Rows x [B, T, ...] as one stream of tokens [1, M, ...]: the rows' B * T tokens, then zero tokens up to
+    M = `tokens` (default: at least MIN_TOKENS, a whole number of tiles of TILE tokens)."""
+    B, T = x.shape[:2]
+    m = -(-max(B * T, MIN_TOKENS) // TILE) * TILE if tokens is None else tokens
+    return _padded(x.reshape(B * T, *x.shape[2:]), m - B * T)[None]
+
+
+def tokenwise(fn: Callable, stream: jax.Array) -> jax.Array:
+    """fn over the tokens of a stream [1, M, ...] (flatten's: M a whole number of tiles) in tiles of TILE."""
+    return rowwise(fn, stream[0])[None]
+
+
+def unflatten(x: jax.Array, rows: tuple[int, int]) -> jax.Array:
+    """The rows (B, T) of a stream of tokens x [1, M, ...] (flatten's inverse): [B, T, ...]."""
+    B, T = rows
+    return x[0, :B * T].reshape(B, T, *x.shape[2:])
 
 
 def loop(fn: Callable, xs):

@@ -129,20 +129,27 @@ class Transformer(nnx.Module):
 
     # ---- one decoder layer (the scan body) -------------------------------------------------------
 
-    def _layer(self, h, p, rope, ctx=None):
+    def _layer(self, h, p, rope, ctx=None, rows=None):
         """h [B, T, D] float32 -> (h, (k, v)); with a context (ctx_k, ctx_v [C, K, E], ctx_len, positions [B, T]),
         the queries also attend the context's first ctx_len keys; with an attention.Packed, each row holds several
-        sequences (see _attend). `rope`: (cos, sin) [B, T, R], and the local (cos, sin) or None."""
-        q, k, v = self._project(h, p)
+        sequences (see _attend). `rope`: (cos, sin) [B, T, R], and the local (cos, sin) or None.
+        `rows`: (B, T) when h is the batch-invariant stream of their tokens [1, M, D] (invariant.flatten): the
+        matmuls and norms run on the stream, attention on the rows."""
+        q, k, v = self._project(h, p, stream=rows is not None)
+        if rows is not None:
+            q, k, v = (invariant.unflatten(a, rows) for a in (q, k, v))
         q, k = self._heads(q, k, p, rope, tiled=self._invariant(ctx))
-        return self._finish(h, self._attend(q, k, v, p, ctx), p), (k, v)
+        out = self._attend(q, k, v, p, ctx)
+        if rows is not None:
+            out = invariant.flatten(out, h.shape[1])
+        return self._finish(h, out, p, stream=rows is not None), (k, v)
 
-    def _project(self, h, p):
+    def _project(self, h, p, stream: bool):
         """The attention's projections: h [B, T, D] -> q [B, T, N * E], k [B, T, K * E] float32 (to be normed and
-        rotated by _heads), v [B, T, K, E] in the attention dtype."""
+        rotated by _heads), v [B, T, K, E] in the attention dtype. `stream`: h is the batch-invariant stream."""
         cfg = self.cfg
         B, T, _ = h.shape
-        x = rms_norm(h, p["attn_norm"], cfg.rms_norm_eps) if cfg.pre_norms else h
+        x = self._norm(h, p["attn_norm"], stream) if cfg.pre_norms else h
         q = dense(x, p["wq"], p.get("bq"))
         k = dense(x, p["wk"], p.get("bk"))
         v = dense(x, p["wv"], p.get("bv")).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
@@ -179,18 +186,26 @@ class Transformer(nnx.Module):
         return (rms_norm(q_heads, p["q_norm"], cfg.rms_norm_eps).reshape(q.shape),
                 rms_norm(k_heads, p["k_norm"], cfg.rms_norm_eps).reshape(k.shape))
 
-    def _finish(self, h, out, p):
-        """After attention: out [B, T, N, E] projected and added to h [B, T, D], then the MLP (or experts)."""
+    def _finish(self, h, out, p, stream: bool):
+        """After attention: out [B, T, N, E] projected and added to h [B, T, D], then the MLP (or experts).
+        `stream`: h is the batch-invariant stream (its norms and router in fixed tiles of tokens)."""
         cfg = self.cfg
         B, T, _ = h.shape
         out = dense(out.reshape(B, T, cfg.num_heads * cfg.head_dim), p["wo"], p.get("bo"))
-        h = self._residual(h, out, p.get("attn_post_norm"))
-        x = rms_norm(h, p["mlp_norm"], cfg.rms_norm_eps) if cfg.pre_norms else h
+        h = self._residual(h, out, p.get("attn_post_norm"), stream)
+        x = self._norm(h, p["mlp_norm"], stream) if cfg.pre_norms else h
         if cfg.num_experts:
-            y = routed_experts(x, p, cfg.activation, cfg.experts_per_token, cfg.norm_topk_prob)
+            y = routed_experts(x, p, cfg.activation, cfg.experts_per_token, cfg.norm_topk_prob,
+                               route=invariant.tokenwise if stream else None)
         else:
             y = gated_mlp(x, p, cfg.activation)
-        return self._residual(h, y, p.get("mlp_post_norm"))
+        return self._residual(h, y, p.get("mlp_post_norm"), stream)
+
+    def _norm(self, x, weight, stream: bool):
+        """RMSNorm of x [B, T, D]; on the batch-invariant stream [1, M, D] over fixed tiles of tokens (over all of
+        them at once a token's bits moved with their number: runtime.model.invariant)."""
+        norm = lambda t: rms_norm(t, weight, self.cfg.rms_norm_eps)
+        return invariant.tokenwise(norm, x) if stream else norm(x)
 
     def _attend(self, q, k, v, p, ctx):
         """Attention of one layer: causal over whole rows (ctx None), after a shared context (ctx: context keys,
@@ -213,10 +228,10 @@ class Transformer(nnx.Module):
         prefix; packed rows not yet."""
         return self.kernels.batch_invariant and not isinstance(ctx, attention.Packed)
 
-    def _residual(self, h, branch, post_norm):
+    def _residual(self, h, branch, post_norm, stream: bool):
         """h + the branch, normed first where the family norms outputs (Gemma 2/3, OLMo 2), scaled (Granite)."""
         if post_norm is not None:
-            branch = rms_norm(branch, post_norm, self.cfg.rms_norm_eps)
+            branch = self._norm(branch, post_norm, stream)
         if self.cfg.residual_scale != 1.0:
             branch = branch * self.cfg.residual_scale
         return h + branch
@@ -226,11 +241,7 @@ class Transformer(nnx.Module):
         types whose frequencies depend on it (None: the first row). `segments` [R, W]: packed rows."""
         B, T = tokens.shape
         tiled = self.kernels.batch_invariant and segments is None
-        if spare := invariant.spare_rows(B, T) if tiled else 0:
-            # Copies of the last row, dropped after the layers: every matmul gets at least MIN_TOKENS rows.
-            tokens, positions = (jnp.concatenate([a, jnp.broadcast_to(a[-1:], (spare, T))])
-                                 for a in (tokens, positions))
-            lengths = None if lengths is None else jnp.concatenate([lengths, jnp.full((spare,), T, lengths.dtype)])
+        rows = (B, T) if tiled else None  # the layers' matmuls and norms on one stream of tokens (invariant)
         rope = self._rope(positions, self.inv_freq[...], lengths, self.rope_scaling, tiled)
         local = None
         if self.local_inv_freq is not None:
@@ -238,17 +249,19 @@ class Transformer(nnx.Module):
         h = jnp.take(self.embed[...], tokens, axis=0).astype(F32)  # [B, T, D]
         if self.cfg.embed_scale != 1.0:
             h = h * self.cfg.embed_scale
+        if tiled:
+            h = invariant.flatten(h)
         layers = {name: value[...] for name, value in self.layers.items()} | self._layer_data()
         unroll = self.kernels.unroll
 
         if ctx is None:
-            rows = None if segments is None else attention.Packed(segments, positions)
+            packed = None if segments is None else attention.Packed(segments, positions)
 
             def body(h, p):
-                h, (k, v) = self._layer(h, p, (rope, local), rows)
+                h, (k, v) = self._layer(h, p, (rope, local), packed, rows)
                 return h, ((k[0], v[0]) if keep_kv else None)  # keep_kv only for a batch of one
             h, kv = jax.lax.scan(body, h, layers, unroll=unroll)
-            return h[:B], kv
+            return (h if rows is None else invariant.unflatten(h, rows)), kv
 
         ctx_k, ctx_v, ctx_len = ctx
 
@@ -256,10 +269,10 @@ class Transformer(nnx.Module):
             p, k, v = xs
             attend = (k, v, ctx_len, positions) if segments is None else \
                 attention.Packed(segments, positions, (k, v, ctx_len))
-            h, _ = self._layer(h, p, (rope, local), attend)
+            h, _ = self._layer(h, p, (rope, local), attend, rows)
             return h, None
         h, _ = jax.lax.scan(body_ctx, h, (layers, ctx_k, ctx_v), unroll=unroll)
-        return h[:B], None
+        return (h if rows is None else invariant.unflatten(h, rows)), None
 
     @staticmethod
     def _rope(positions, table, lengths, scaling: float, tiled: bool):

@@ -91,6 +91,18 @@ def test_the_embedded_model_is_invariant(embedded_dir, dtype):
         assert np.array_equal(together[row], alone), (dtype, row)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_thousands_of_tokens_keep_the_bits(embedded_dir, dtype):
+    """4,096 tokens in one device batch: over so many XLA:CPU reduced a row of the 576-wide RMSNorm in another order
+    than over fewer (Intel Xeon, 2026-11-26); the norms run in fixed tiles of tokens."""
+    plan = small_plan(lengths=(128,), batches=(1, 32), labels=(4,), max_tokens=4096)
+    scorer = scorer_for(embedded_dir, dtype, plan, kernels=INVARIANT)
+    rng = np.random.default_rng(3)
+    item, labels = rng.integers(0, 49152, 100).tolist(), [7042, 4528, 11]
+    others = random_sequences(rng, 31, 120, 128, 49152)
+    assert np.array_equal(scorer.score(others[:9] + [item] + others[9:], labels)[9], scorer.score([item], labels)[0])
+
+
 @pytest.fixture(scope="module", params=CASCADE_CASES)
 def cascade(request, tmp_path_factory):
     """(invariant scorer of whole sequences, invariant scorer that shares prefixes) of one tiny case."""
