@@ -8,21 +8,21 @@ item's score moved with its batch, its bucket and the other requests (1e-5 in fl
 
 How it is avoided:
 - The layers run on one stream of tokens [1, M, D] (`flatten`): every token of the device batch, then zero tokens up
-  to at least MIN_TOKENS, a whole number of tiles of TILE. The matmuls (the attention's projections, the MLP or
-  experts) run over the whole stream at once: XLA:CPU computes a row of such a matmul with the same bits whatever the
-  number of rows from a threshold up and wherever the row is (33 on the embedded model's shapes, 63 on the tiny
-  test configs' 64x96; measured up to 8,192 rows, float32 and bfloat16, on an Intel Xeon with AMX, 2026-11-26; the
-  AMD EPYC's fell into the same classes). This one is a measured property of the host's kernels, not a
-  construction: tests/runtime/model/test_invariance.py checks it end to end for every family and the embedded model;
-  a host where it failed would need a start-up probe.
-- The norms (RMSNorm before and after the attention and MLP, the MoE router's softmax) run over fixed tiles of TILE
-  tokens of the stream in a loop (`tokenwise`): over all tokens at once a row's bits moved with their number,
-  differently per width (576 wide at 4,096 tokens, 64 wide from 64, 960 wide from 5). Every tile is computed by the
-  one compiled kernel of that shape, whatever the batch or bucket.
-- The RoPE tables and the q/k norms likewise run over fixed tiles of HEADS_TILE tokens of the rows (zero tokens
-  appended to a whole tile; the q/k norms' bits moved with the batch on tiny Gemma 3, OLMo 2 and Qwen3-MoE configs,
-  the rotation's did not). A token's bits do not depend on its place in a tile (the cascade's items start anywhere).
-  The final norm and the vocabulary head run over tiles of TILE rows.
+  to at least MIN_TOKENS, a whole number of tiles of STREAM_TILE; only attention sees the rows (`unflatten`). The
+  matmuls (the attention's projections, the MLP or experts) run over the whole stream at once: XLA:CPU computes a
+  row of such a matmul with the same bits whatever the number of rows from a threshold up and wherever the row is
+  (33 on the embedded model's shapes, 63 on the tiny test configs' 64x96; measured up to 8,192 rows, float32 and
+  bfloat16, on an Intel Xeon with AMX, 2026-11-26; the AMD EPYC's fell into the same classes). This one is a
+  measured property of the host's kernels, not a construction: tests/runtime/model/test_invariance.py checks it end
+  to end for every family and the embedded model; a host where it failed would need a start-up probe.
+- Everything else on the stream runs over fixed tiles of STREAM_TILE tokens in a loop (`tokenwise`): the norms
+  (RMSNorm before and after attention and MLP, q/k norms), the MoE router's softmax, the RoPE tables. Over all
+  tokens at once a row's bits moved with their number, differently per width (RMSNorm 576 wide at 4,096 tokens,
+  64 wide from 64, 960 wide from 5; q/k norms on tiny Gemma 3, OLMo 2 and Qwen3-MoE configs). Every tile is
+  computed by the one compiled kernel of that shape, whatever the batch or bucket, and a token's bits do not depend
+  on its place in a tile (the cascade's items start anywhere). The rotation applies to the whole stream: applied to
+  the rows cut from it, the cut fused with it and moved bits (tiny Llama, items of 8 tokens, 2026-11-26). The final
+  norm and the vocabulary head run over tiles of TILE rows.
 - Attention runs per tile of QUERY_TILE queries over blocks of KEY_BLOCK keys at absolute positions (block j holds
   the keys at positions j * KEY_BLOCK and on), in order, with an online softmax: blocks past the queries are never
   visited, keys masked inside a block add exact zeros, so the arithmetic of a query depends only on its position
@@ -55,8 +55,8 @@ from runtime.model.attention import MASKED, visible
 
 F32 = jnp.float32
 MIN_TOKENS = 64  # the fewest tokens of the layers' stream: its matmuls' rows (above the thresholds: see above)
-HEADS_TILE = 32  # tokens of a tile of RoPE tables and q/k norms
-TILE = 16  # tokens of a tile of the stream's norms; rows of the vocabulary head's tiles
+STREAM_TILE = 32  # tokens of a tile of the stream's norms, q/k norms and RoPE tables
+TILE = 16  # rows of the vocabulary head's tiles
 QUERY_TILE = 16  # queries of an attention tile
 # Keys of an attention block, at absolute positions (a multiple of them): 32 against 128 cost 2% instead of 25% on
 # items of 8 tokens after a 15-token query, 4% instead of 9% on rows of 256 (embedded model, Intel Xeon, 2026-11-26).
@@ -66,15 +66,16 @@ POSITION_TILE = 64  # positions of a tile of per-position log-probabilities (eac
 
 def flatten(x: jax.Array, tokens: int | None = None) -> jax.Array:
     """Rows x [B, T, ...] as one stream of tokens [1, M, ...]: the rows' B * T tokens, then zero tokens up to
-    M = `tokens` (default: at least MIN_TOKENS, a whole number of tiles of TILE tokens)."""
+    M = `tokens` (default: at least MIN_TOKENS, a whole number of tiles of STREAM_TILE tokens)."""
     B, T = x.shape[:2]
-    m = -(-max(B * T, MIN_TOKENS) // TILE) * TILE if tokens is None else tokens
+    m = -(-max(B * T, MIN_TOKENS) // STREAM_TILE) * STREAM_TILE if tokens is None else tokens
     return _padded(x.reshape(B * T, *x.shape[2:]), m - B * T)[None]
 
 
-def tokenwise(fn: Callable, stream: jax.Array) -> jax.Array:
-    """fn over the tokens of a stream [1, M, ...] (flatten's: M a whole number of tiles) in tiles of TILE."""
-    return rowwise(fn, stream[0])[None]
+def tokenwise(fn: Callable, stream):
+    """fn over the tokens of streams [1, M, ...] (flatten's: M a whole number of tiles) in tiles of STREAM_TILE."""
+    out = rowwise(fn, jax.tree.map(lambda a: a[0], stream), STREAM_TILE)
+    return jax.tree.map(lambda a: a[None], out)
 
 
 def unflatten(x: jax.Array, rows: tuple[int, int]) -> jax.Array:

@@ -133,16 +133,17 @@ class Transformer(nnx.Module):
         """h [B, T, D] float32 -> (h, (k, v)); with a context (ctx_k, ctx_v [C, K, E], ctx_len, positions [B, T]),
         the queries also attend the context's first ctx_len keys; with an attention.Packed, each row holds several
         sequences (see _attend). `rope`: (cos, sin) [B, T, R], and the local (cos, sin) or None.
-        `rows`: (B, T) when h is the batch-invariant stream of their tokens [1, M, D] (invariant.flatten): the
-        matmuls and norms run on the stream, attention on the rows."""
-        q, k, v = self._project(h, p, stream=rows is not None)
-        if rows is not None:
+        `rows`: (B, T) when h is the batch-invariant stream of their tokens [1, M, D] (invariant.flatten): all but
+        attention run on the stream (`rope` too), attention on the rows."""
+        stream = rows is not None
+        q, k, v = self._project(h, p, stream)
+        q, k = self._heads(q, k, p, rope, stream)
+        if stream:
             q, k, v = (invariant.unflatten(a, rows) for a in (q, k, v))
-        q, k = self._heads(q, k, p, rope, tiled=self._invariant(ctx))
         out = self._attend(q, k, v, p, ctx)
-        if rows is not None:
+        if stream:
             out = invariant.flatten(out, h.shape[1])
-        return self._finish(h, out, p, stream=rows is not None), (k, v)
+        return self._finish(h, out, p, stream), (k, v)
 
     def _project(self, h, p, stream: bool):
         """The attention's projections: h [B, T, D] -> q [B, T, N * E], k [B, T, K * E] float32 (to be normed and
@@ -155,23 +156,26 @@ class Transformer(nnx.Module):
         v = dense(x, p["wv"], p.get("bv")).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
         return q, k, v.astype(self.attention_dtype)
 
-    def _heads(self, q, k, p, rope, tiled: bool):
+    def _heads(self, q, k, p, rope, stream: bool):
         """q [B, T, N * E] and k [B, T, K * E] -> normed (where the family norms them) and rotated q [B, T, N, E],
-        k [B, T, K, E] in the attention dtype. `tiled`: the q/k norms in fixed-shape tiles of tokens
-        (runtime.model.invariant): over all rows at once their short reductions moved with the number of rows (tiny
-        Gemma 3, OLMo 2 and Qwen3-MoE configs, 2026-11-25), where the rotation did not."""
-        cfg = self.cfg
-        B, T, _ = q.shape
-        if cfg.qk_norm and tiled:
-            flat = (q.reshape(B * T, -1), k.reshape(B * T, -1))
-            q, k = invariant.rowwise(lambda xs: self._qk_normed(*xs, p), flat, invariant.HEADS_TILE)
-        elif cfg.qk_norm:
-            q, k = self._qk_normed(q, k, p)
-        q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+        k [B, T, K, E] in the attention dtype. `stream`: q and k are the batch-invariant stream, normed and rotated in
+        fixed tiles of tokens (runtime.model.invariant): their results are then cut into rows, never fused with the
+        cut (which moved the rotation's bits)."""
         (cos, sin), local = rope
         if local is not None:  # Gemma 3: the sliding layers' own RoPE base
             cos, sin = jnp.where(p["local_rope"], local[0], cos), jnp.where(p["local_rope"], local[1], sin)
+        if not stream:
+            return self._normed_and_rotated(q, k, cos, sin, p)
+        tile = lambda xs: tuple(a[0] for a in self._normed_and_rotated(*(x[None] for x in xs), p))
+        return invariant.tokenwise(tile, (q, k, cos, sin))
+
+    def _normed_and_rotated(self, q, k, cos, sin, p):
+        cfg = self.cfg
+        B, T, _ = q.shape
+        if cfg.qk_norm:
+            q, k = self._qk_normed(q, k, p)
+        q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
         adt = self.attention_dtype
         return rotate(q, cos, sin).astype(adt), rotate(k, cos, sin).astype(adt)
 
@@ -241,16 +245,18 @@ class Transformer(nnx.Module):
         types whose frequencies depend on it (None: the first row). `segments` [R, W]: packed rows."""
         B, T = tokens.shape
         tiled = self.kernels.batch_invariant and segments is None
-        rows = (B, T) if tiled else None  # the layers' matmuls and norms on one stream of tokens (invariant)
-        rope = self._rope(positions, self.inv_freq[...], lengths, self.rope_scaling, tiled)
-        local = None
-        if self.local_inv_freq is not None:
-            local = self._rope(positions, self.local_inv_freq[...], lengths, self.local_rope_scaling, tiled)
+        rows = (B, T) if tiled else None  # the layers on one stream of tokens [1, M, D] (invariant)
         h = jnp.take(self.embed[...], tokens, axis=0).astype(F32)  # [B, T, D]
         if self.cfg.embed_scale != 1.0:
             h = h * self.cfg.embed_scale
         if tiled:
             h = invariant.flatten(h)
+        tokens_of_stream = h.shape[1] if tiled else None
+        rope = self._rope(positions, self.inv_freq[...], lengths, self.rope_scaling, tokens_of_stream)
+        local = None
+        if self.local_inv_freq is not None:
+            local = self._rope(positions, self.local_inv_freq[...], lengths, self.local_rope_scaling,
+                               tokens_of_stream)
         layers = {name: value[...] for name, value in self.layers.items()} | self._layer_data()
         unroll = self.kernels.unroll
 
@@ -275,18 +281,16 @@ class Transformer(nnx.Module):
         return (h if rows is None else invariant.unflatten(h, rows)), None
 
     @staticmethod
-    def _rope(positions, table, lengths, scaling: float, tiled: bool):
-        """cos, sin [B, T, R] of positions [B, T]; `tiled`: computed in fixed-shape tiles of tokens (their
-        transcendentals too) for the batch-invariant layers."""
+    def _rope(positions, table, lengths, scaling: float, stream: int | None):
+        """cos, sin [B, T, R] of positions [B, T]; `stream`: the tokens M of the batch-invariant stream, whose
+        tables [1, M, R] are computed in fixed tiles of tokens (their transcendentals too)."""
         freqs = _frequencies(table, lengths)
-        if not tiled:
+        if stream is None:
             return rope_tables(positions, freqs, scaling)
         B, T = positions.shape
-        per_token = freqs if freqs.ndim == 1 else freqs[:, None, :]
-        per_token = jnp.broadcast_to(per_token, (B, T, freqs.shape[-1])).reshape(B * T, -1)
-        cos, sin = invariant.rowwise(lambda xs: tuple(a[0] for a in rope_tables(xs[0][None], xs[1][None], scaling)),
-                                      (positions.reshape(B * T), per_token), invariant.HEADS_TILE)
-        return cos.reshape(B, T, -1), sin.reshape(B, T, -1)
+        per_token = jnp.broadcast_to(freqs if freqs.ndim == 1 else freqs[:, None, :], (B, T, freqs.shape[-1]))
+        tables = lambda xs: tuple(a[0] for a in rope_tables(xs[0][None], xs[1][None], scaling))
+        return invariant.tokenwise(tables, (invariant.flatten(positions, stream), invariant.flatten(per_token, stream)))
 
     def _rows(self, fn, xs):
         """fn over rows of `xs` [B, ...]: in fixed tiles of rows for the batch-invariant kernels, else at once."""

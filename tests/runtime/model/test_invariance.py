@@ -28,7 +28,7 @@ PREFIX_PLAN = small_plan(lengths=(32, 64), batches=(1, 4), prefix_sharing=True, 
                          suffix_batches=(1, 4), labels=(4,), contexts=(32, 64))
 # Prefixes longer than a key block (runtime.model.invariant.KEY_BLOCK): whole blocks sliced from the prefix.
 LONG_PLAN = small_plan(lengths=(64, 192), batches=(1, 4), labels=(4,))
-LONG_PREFIX_PLAN = small_plan(lengths=(64, 192), batches=(1, 4), prefix_sharing=True, suffix_lengths=(32,),
+LONG_PREFIX_PLAN = small_plan(lengths=(64, 192), batches=(1, 4), prefix_sharing=True, suffix_lengths=(8, 32),
                               suffix_batches=(1, 4), labels=(4,), contexts=(64, 192))
 # The attention variants the cascade must reproduce: plain, soft-capped, sliding, local/global, q/k norms, experts.
 CASCADE_CASES = ["gemma2", "gemma3_local_global_rope", "mistral_sliding_window", "olmo2_yarn_rope",
