@@ -64,7 +64,8 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
     platform = platforms.fit_to_model(platform, cfg, plan.max_length, explicit, probe=probe and arrays is not None)
     platform = platforms.fit_to_layout(platform, mesh, explicit)
     if not quiet:
-        log.info("platform %s", platform.describe())
+        host = f"; host {platforms.host_cpu().describe()}" if platform.backend == "cpu" else ""
+        log.info("platform %s%s", platform.describe(), host)
 
     def model() -> Transformer:
         if arrays is not None:

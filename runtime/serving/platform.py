@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -31,6 +32,44 @@ DEFAULT_BUCKETS = {
     "accelerator": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (8, 32, 128, 256, 512), 65536, (1, 16)),
 }
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head sizes that are multiples of 8 up to this (the probe checks)
+# CPU feature classes, best first, and the flags (as /proc/cpuinfo names them) each needs. XLA:CPU compiles for the
+# features of the host it compiles on, and its loader refuses an executable that needs one the host lacks: the
+# executable store keys what it holds by the class (runtime.serving.store).
+CPU_CLASSES = (("amx", ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f")), ("avx512_bf16", ("avx512_bf16", "avx512f")),
+               ("avx512", ("avx512f",)), ("avx2", ("avx2", "fma")))
+CPUINFO = Path("/proc/cpuinfo")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostCpu:
+    """The host's CPU as the matmuls see it: its model name and feature flags."""
+    model: str
+    flags: frozenset[str]
+
+    @property
+    def feature_class(self) -> str:
+        """The best of CPU_CLASSES whose flags the CPU has; "baseline" for none (or an unknown CPU)."""
+        return next((name for name, needs in CPU_CLASSES if self.flags.issuperset(needs)), "baseline")
+
+    def describe(self) -> str:
+        shown = " ".join(sorted({flag for _, needs in CPU_CLASSES for flag in needs} & self.flags))
+        return f"{self.model}, feature class {self.feature_class} ({shown or 'none of ' + CPU_CLASSES[-1][0]})"
+
+
+def host_cpu(cpuinfo: str | None = None) -> HostCpu:
+    """The host's CPU from /proc/cpuinfo, or from `cpuinfo` (its text: tests inject other hosts'). An unreadable file
+    gives an unknown CPU of the baseline class."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = CPUINFO.read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip().lower(), value.strip())  # the first processor's
+    flags = fields.get("flags") or fields.get("features") or ""  # x86 / arm
+    return HostCpu(fields.get("model name") or "unknown CPU", frozenset(flags.split()))
 
 
 @dataclasses.dataclass(frozen=True)

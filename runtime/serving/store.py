@@ -25,7 +25,7 @@ from jax._src.custom_partitioning import _ShardingCallbackInfo  # see _without_p
 from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
 
-from runtime.serving.platform import backend_of
+from runtime.serving.platform import backend_of, host_cpu
 from runtime.serving.targets import library_versions
 
 log = logging.getLogger("scorefn.runtime")
@@ -208,7 +208,8 @@ _RUNTIME_ONLY_ENV = ("JAX_PLATFORMS", "JAX_COMPILATION_CACHE_DIR", "XLA_PYTHON_C
 
 def fingerprint_parts(model: nnx.Module, state: Any, devices: list, mesh_shape: tuple[int, ...]) -> dict:
     """What shapes a compiled executable besides its entry point and bucket, as a compile-only device and the real
-    one both report it: the backend, device kind and count, the mesh, library versions, this runtime's source,
+    one both report it: the backend, device kind and count, the mesh, the CPU's feature class (a CPU backend), library
+    versions, this runtime's source,
     the model (config, dtype, kernels), every parameter's shape, dtype and partition spec, JAX/XLA settings.
     Not the PJRT client's platform version nor a sharding's device ids: a compile-only client reports its own."""
     backend = backend_of(devices[0])
@@ -216,6 +217,7 @@ def fingerprint_parts(model: nnx.Module, state: Any, devices: list, mesh_shape: 
         "versions": {"jax": jax.__version__, "jaxlib": importlib.metadata.version("jaxlib"),
                      "flax": flax.__version__, **library_versions(backend)},
         "devices": [backend, devices[0].device_kind, len(devices), list(mesh_shape)],
+        "cpu": host_cpu().feature_class if backend == "cpu" else None,  # XLA:CPU compiles for the host's features
         "source": _source_digest(),
         "model": [repr(model.cfg), str(model.dtype), repr(model.kernels), model.window],
         "state": [(jax.tree_util.keystr(path), list(x.shape), str(x.dtype), _spec(x))

@@ -97,14 +97,6 @@ def matmul_peak(accelerator: bool) -> tuple[float, str]:
     return max((rate(dtype), dtype) for dtype in (["bfloat16"] if accelerator else ["bfloat16", "float32"]))
 
 
-def cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def sequence_flops(cfg, tokens: int, start: int = 0) -> float:
     """Forward FLOPs of `tokens` tokens at positions start.. (causal attention), plus one vocabulary row."""
     attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * (tokens * start + tokens * (tokens + 1) / 2)
@@ -285,18 +277,21 @@ def main(args: argparse.Namespace) -> int:
     invariant_and_not = (scorer, flipped) if platform.kernels.batch_invariant else (flipped, scorer)
     cfg, vocab = loaded.cfg, loaded.cfg.vocab_size
     peak, peak_dtype = matmul_peak(accelerator)
+    cpu = platforms.host_cpu()  # every figure says which host it comes from
     report: dict = {"backend": backend, "platform": platform.describe(), "cpus": os.cpu_count(),
+                    "cpu": cpu.describe(),
                     "model": f"{cfg.architecture} {cfg.num_layers}L d{cfg.hidden_size}"
                              + (" (random weights)" if config else f" ({loaded.model_id})"),
                     "matmul_peak_gflops": peak, "matmul_peak_dtype": peak_dtype}
-    print(f"model: {report['model']}; platform {report['platform']}; {peak_dtype} matmul peak {peak:.0f} GFLOP/s",
-          flush=True)
+    print(f"model: {report['model']}; platform {report['platform']}; {peak_dtype} matmul peak {peak:.0f} GFLOP/s; "
+          f"host {cpu.describe()}, {os.cpu_count()} cores", flush=True)
 
     baselines = {}
     if not args.skip_torch:
         # On a CPU without bfloat16 instructions PyTorch's bfloat16 runs ~5x slower than float32: not what a user
         # would run there, so only float32.
-        dtypes = ("bfloat16",) if accelerator else ("bfloat16", "float32") if cpu_has_bf16() else ("float32",)
+        bf16 = cpu.flags & {"avx512_bf16", "amx_bf16"}
+        dtypes = ("bfloat16",) if accelerator else ("bfloat16", "float32") if bf16 else ("float32",)
         baselines = {dt: TorchScorer(model_dir, dt, pad_id=0) for dt in dtypes}
 
     def ours(sequences, labels, runs):

@@ -7,13 +7,16 @@ import shutil
 import numpy as np
 import pytest
 
-from runtime.serving import store as executables
+from runtime.serving import platform as platforms, store as executables
 from runtime.serving.engine import Engine
 from runtime.interface import Sampling
 from runtime.settings import load_settings
 from tests.runtime.conftest import random_sequences
 
 pytestmark = pytest.mark.slow
+AMX_HOST = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+            "flags\t\t: avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile\n")
+AVX2_HOST = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n"
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +93,21 @@ def test_a_changed_model_setting_misses_the_store(model_dir, cache_dir, tmp_path
         engine.stop(5)
         assert engine.timings["stored"] == (engine.plan.count() if stored is None else stored)
         assert engine.timings["preloaded"] == engine.timings["stored"]  # another dtype's set is not taken
+
+
+def test_another_cpu_feature_class_misses_the_store(model_dir, cache_dir, tmp_path, monkeypatch, caplog):
+    """XLA:CPU compiles for the host's features and refuses to load what needs more: the store keys executables by
+    the CPU's feature class, so a start on a host of another class (injected: an AMX host, then an AVX2-only one)
+    does not take them, and says why."""
+    xla_dir, cpuinfo = tmp_path / "xla", tmp_path / "cpuinfo"
+    monkeypatch.setattr(platforms, "CPUINFO", cpuinfo)
+    for host, stored in ((AMX_HOST, 0), (AVX2_HOST, 0), (AMX_HOST, None)):
+        cpuinfo.write_text(host)
+        engine = Engine(small_settings(model_dir, cache_dir, xla_dir, batch_buckets=(2,), prefix_sharing=False))
+        engine.start()
+        engine.stop(5)
+        assert engine.timings["stored"] == (engine.plan.count() if stored is None else stored)
+    assert 'differs in cpu "amx" stored, "avx2" here' in caplog.text
 
 
 def test_executables_from_the_persistent_cache_are_not_stored(model_dir, cache_dir, tmp_path):
