@@ -140,7 +140,7 @@ class Transformer(nnx.Module):
         q, k = self._heads(q, k, p, rope, stream)
         if stream:
             q, k, v = (invariant.unflatten(a, rows) for a in (q, k, v))
-        out = self._attend(q, k, v, p, ctx)
+        out = self._attend(q, k, v, p, ctx, stream)
         if stream:
             out = invariant.flatten(out, h.shape[1])
         return self._finish(h, out, p, stream), (k, v)
@@ -211,14 +211,15 @@ class Transformer(nnx.Module):
         norm = lambda t: rms_norm(t, weight, self.cfg.rms_norm_eps)
         return invariant.tokenwise(norm, x) if stream else norm(x)
 
-    def _attend(self, q, k, v, p, ctx):
+    def _attend(self, q, k, v, p, ctx, stream: bool):
         """Attention of one layer: causal over whole rows (ctx None), after a shared context (ctx: context keys,
         values, length, positions), or within the sequences packed into rows (an attention.Packed). The window is
-        the layer's own where layers differ (a traced scalar), else the model's (a Python int or None)."""
+        the layer's own where layers differ (a traced scalar), else the model's (a Python int or None). `stream`:
+        the rows come from the batch-invariant stream, and attend with its kernels (runtime.model.invariant)."""
         cfg = self.cfg
         window = p.get("window", self.window)
         how = dict(implementation=self.kernels.attention, scale=cfg.attention_scale, softcap=cfg.attention_softcap)
-        if self._invariant(ctx):
+        if stream:
             context = None if ctx is None else ctx[:3]
             return invariant.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap, context)
         if ctx is None:
@@ -226,11 +227,6 @@ class Transformer(nnx.Module):
         if isinstance(ctx, attention.Packed):
             return attention.packed(q, k, v, ctx, window, **how)
         return attention.after_context(q, k, v, *ctx, window, **how)
-
-    def _invariant(self, ctx) -> bool:
-        """Whether a layer attending `ctx` runs the batch-invariant kernels: whole rows, or items after a shared
-        prefix; packed rows not yet."""
-        return self.kernels.batch_invariant and not isinstance(ctx, attention.Packed)
 
     def _residual(self, h, branch, post_norm, stream: bool):
         """h + the branch, normed first where the family norms outputs (Gemma 2/3, OLMo 2), scaled (Granite)."""
@@ -244,7 +240,7 @@ class Transformer(nnx.Module):
         """`lengths`: each row's length [B] (or each token's sequence length [R, W] in packed rows), for RoPE
         types whose frequencies depend on it (None: the first row). `segments` [R, W]: packed rows."""
         B, T = tokens.shape
-        tiled = self.kernels.batch_invariant and segments is None
+        tiled = self.kernels.batch_invariant and segments is None  # packed rows: not invariant yet
         rows = (B, T) if tiled else None  # the layers on one stream of tokens [1, M, D] (invariant)
         h = jnp.take(self.embed[...], tokens, axis=0).astype(F32)  # [B, T, D]
         if self.cfg.embed_scale != 1.0:

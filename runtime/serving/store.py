@@ -208,9 +208,9 @@ _RUNTIME_ONLY_ENV = ("JAX_PLATFORMS", "JAX_COMPILATION_CACHE_DIR", "XLA_PYTHON_C
 
 def fingerprint_parts(model: nnx.Module, state: Any, devices: list, mesh_shape: tuple[int, ...]) -> dict:
     """What shapes a compiled executable besides its entry point and bucket, as a compile-only device and the real
-    one both report it: the backend, device kind and count, the mesh, the CPU's feature class (a CPU backend), library
-    versions, this runtime's source,
-    the model (config, dtype, kernels), every parameter's shape, dtype and partition spec, JAX/XLA settings.
+    one both report it: the backend, device kind and count, the mesh, the CPU's feature class (a CPU backend),
+    library versions, this runtime's source, the model (config, dtype, kernels), every parameter's shape, dtype and
+    partition spec, JAX/XLA settings.
     Not the PJRT client's platform version nor a sharding's device ids: a compile-only client reports its own."""
     backend = backend_of(devices[0])
     return {

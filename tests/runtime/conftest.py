@@ -52,6 +52,14 @@ def assert_whole_sequence_bits_after_a_prefix(shared: Scorer, full: Scorer, sequ
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=256, initializer_range=0.2)
+
+# /proc/cpuinfo of the hosts scorefn runs on (flags cut to the ones that matter and a few others)
+SAPPHIRE_RAPIDS = ("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+                   "flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n\n"
+                   "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu\n")
+EPYC = "processor\t: 0\nmodel name\t: AMD EPYC 7B13 64-Core Processor\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n"
+GRAVITON = "processor\t: 0\nBogoMIPS\t: 243.75\nFeatures\t: fp asimd sve bf16\n"
+
 # family -> (config class, model class), as transformers names them
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),

@@ -13,17 +13,10 @@ from runtime.serving.packed import PackedLayout
 from runtime.serving import platform as platforms
 from runtime.serving.platform import HostCpu, fit_to_model, host_cpu, resolve
 from runtime.settings import load_settings
+from tests.runtime.conftest import EPYC, GRAVITON, SAPPHIRE_RAPIDS
 
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
-
-
-# /proc/cpuinfo of the hosts scorefn runs on (flags cut to the ones that matter and a few others)
-SAPPHIRE_RAPIDS = ("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n"
-                   "flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n\n"
-                   "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu\n")
-EPYC = "processor\t: 0\nmodel name\t: AMD EPYC 7B13 64-Core Processor\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n"
-GRAVITON = "processor\t: 0\nBogoMIPS\t: 243.75\nFeatures\t: fp asimd sve bf16\n"
 
 
 def test_the_host_cpu_and_its_feature_class():

@@ -11,12 +11,9 @@ from runtime.serving import platform as platforms, store as executables
 from runtime.serving.engine import Engine
 from runtime.interface import Sampling
 from runtime.settings import load_settings
-from tests.runtime.conftest import random_sequences
+from tests.runtime.conftest import EPYC, SAPPHIRE_RAPIDS, random_sequences
 
 pytestmark = pytest.mark.slow
-AMX_HOST = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n"
-            "flags\t\t: avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile\n")
-AVX2_HOST = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n"
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +98,7 @@ def test_another_cpu_feature_class_misses_the_store(model_dir, cache_dir, tmp_pa
     does not take them, and says why."""
     xla_dir, cpuinfo = tmp_path / "xla", tmp_path / "cpuinfo"
     monkeypatch.setattr(platforms, "CPUINFO", cpuinfo)
-    for host, stored in ((AMX_HOST, 0), (AVX2_HOST, 0), (AMX_HOST, None)):
+    for host, stored in ((SAPPHIRE_RAPIDS, 0), (EPYC, 0), (SAPPHIRE_RAPIDS, None)):
         cpuinfo.write_text(host)
         engine = Engine(small_settings(model_dir, cache_dir, xla_dir, batch_buckets=(2,), prefix_sharing=False))
         engine.start()
