@@ -224,8 +224,10 @@ class ScoringCore:
         if self.engine is None:
             raise ApiError("server_not_ready", "The model is loading; retry shortly.")
         cards = reranker_cards(self.engine, model_cards(self.engine, self._started_at), self._started_at)
-        # The served model's card says whether its scores are batch-invariant (its classifiers' and rerankers' too).
-        cards[0] = msgspec.structs.replace(cards[0], batch_invariant=self.engine.batch_invariant)
+        # The served model's card says whether its scores are batch-invariant (its classifiers' and rerankers' too)
+        # and the number format they are computed in.
+        cards[0] = msgspec.structs.replace(cards[0], batch_invariant=self.engine.batch_invariant,
+                                           dtype=self.engine.platform_info.get("dtype", msgspec.UNSET))
         return json_response(200, schemas.ModelList(data=cards))
 
     # -- outcome -------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -64,6 +64,10 @@ class EngineStatsCollector(Collector):
         except Exception:  # a scrape must never fail because the engine is starting or stopping
             log.warning("engine.stats() failed", exc_info=True)
             return
+        if engine.platform_info:  # exported as scorefn_platform_info{...} 1
+            yield InfoMetricFamily("scorefn_platform", "The platform's choices: backend, dtype, batch invariance, and "
+                                   "on a CPU its model, the feature class compiled for and why the dtype.",
+                                   value=engine.platform_info)
         for key, value in sorted(stats.items()):
             name = "scorefn_engine_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
             if key in _ENGINE_COUNTERS:

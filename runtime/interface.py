@@ -101,6 +101,9 @@ class ScoringEngine(Protocol):
     classifiers: tuple[Classifier, ...]  # what /v1/classify serves, the first one by default (known once ready)
     rerankers: tuple[Reranker, ...]  # what /v1/rerank serves, the first one by default (known once ready)
     batch_invariant: bool  # scores' bits never depend on what is batched with them (known once ready)
+    # The platform's choices as labels (known once ready; empty before): backend, dtype, and on a CPU its model,
+    # the feature class compiled for and why the dtype (/metrics scorefn_platform_info, /v1/models)
+    platform_info: dict[str, str]
 
     @property
     def ready(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
 import logging
 import os
 from pathlib import Path
@@ -48,13 +49,15 @@ def executable_store(settings: Settings) -> ExecutableStore:
 
 def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] | None = None, *,
             devices: Sequence[Any] | None = None, lazy: bool = False, probe: bool = True, quiet: bool = False,
-            store: ExecutableStore | None = None) -> tuple[Scorer, platforms.Platform]:
+            store: ExecutableStore | None = None,
+            cpu: platforms.CpuFormat | None = None) -> tuple[Scorer, platforms.Platform]:
     """(Scorer, Platform) for this model on these devices (default: this host's). `arrays` None: abstract
     parameters, for compiling only. `probe`: run the cuDNN start-up probe (a real GPU only). `quiet`: no platform
-    log line (the start's second composition says it). `store`: default, the settings' executable store."""
+    log line (the start's second composition says it). `store`: default, the settings' executable store. `cpu`: the
+    CPU feature class and format to build for (default: this process's, runtime.serving.platform.host_cpu_format)."""
     devices = list(devices if devices is not None else jax.local_devices())
     data_axis, _ = parse_mesh(settings.mesh, len(devices))
-    platform = platforms.resolve(settings, platforms.backend_of(devices[0]), data_axis)
+    platform = platforms.resolve(settings, platforms.backend_of(devices[0]), data_axis, cpu)
     plan = bucket_plan(settings, platform)
     if cfg.task != "causal_lm":  # no language-model head: no per-position log-probabilities
         plan = dataclasses.replace(plan, completion_batches=())
@@ -80,24 +83,44 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
     else:
         with mesh.staging():  # weights too large for one device are placed shard by shard
             built = model()
-    exe = Executables(built, shardings=mesh, lazy=lazy, store=store, device=devices[0])
+    exe = Executables(built, shardings=mesh, lazy=lazy, store=store, device=devices[0],
+                      cpu_class=platform.cpu.feature_class if platform.cpu else None)
     return Scorer(plan, exe), platform
 
 
-def load_stored(settings: Settings, cfg: ModelConfig, store: ExecutableStore) -> tuple[str, dict[tuple, Any]]:
-    """(fingerprint, {(entry point, bucket): executable}) of what the executable store holds for this model's
-    start on this host, loaded from its config alone: a start deserializes them while its weights load (the
-    fingerprint needs parameter shapes, not values). Nothing (and no error) when the start would fail anyway;
-    it fails in the real composition, saying why. `store`: the one the start's scorer uses (a set that does not
-    load is then logged once)."""
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """What the executable store held for a start, loaded from the model's config alone (runtime.serving.startup)."""
+    fingerprint: str
+    executables: dict[tuple, Any]  # {(entry point, bucket): executable}
+    cpu: platforms.CpuFormat | None  # a CPU backend: the feature class and format of that set, which the start takes
+
+
+def load_stored(settings: Settings, cfg: ModelConfig, store: ExecutableStore) -> Stored:
+    """The executables the store holds for this model's start on this host, loaded from its config alone: a start
+    deserializes them while its weights load (the fingerprint needs parameter shapes, not values). On a CPU: the
+    set of this process's own feature class, whole or in part, else the first set of a lower class (which this host
+    runs) that the store holds whole: an image built on another CPU starts without compiling. Nothing (and no error) when the start would fail anyway; it fails in the real composition,
+    saying why. `store`: the one the start's scorer uses (a set that does not load is then logged once)."""
     try:
-        scorer, _ = compose(settings, cfg, probe=False, quiet=True, store=store)
+        own = platforms.host_cpu_format() if platforms.current_backend() == "cpu" else None
+        below = platforms.classes_below(own.feature_class) if own else ()
+        candidates = itertools.chain([own], map(platforms.cpu_format, below))  # formats decided as they are tried
+        for i, cpu in enumerate(candidates):
+            scorer, _ = compose(settings, cfg, probe=False, quiet=True, store=store, cpu=cpu)
+            keys = [(program.name, bucket) for program, bucket in scorer.plan.programs(cfg.task)]
+            held = sum(store.holds(scorer.exe.fingerprint, *key) for key in keys)
+            if (i == 0 and held) or held == len(keys):
+                break
+        else:
+            return Stored("", {}, own)
     except Exception as exc:  # e.g. a mesh that cannot be built: the start with the weights reports it
         log.debug("stored executables not preloaded: %s", exc)
-        return "", {}
+        return Stored("", {}, None)
+    if cpu is not own:
+        log.warning("executable store: no executables for this host's CPU class %s; taking the whole set compiled "
+                    "for class %s (which this host runs) instead of compiling", own.feature_class, cpu.feature_class)
     exe = scorer.exe
-    keys = [(program.name, bucket) for program, bucket in scorer.plan.programs(cfg.task)]
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # deserializing releases the GIL
         loaded = list(pool.map(lambda mk: exe.store.load(exe.fingerprint, *mk), keys))
-    return exe.fingerprint, {mk: compiled for mk, compiled in zip(keys, loaded) if compiled is not None}
-
+    return Stored(exe.fingerprint, {mk: compiled for mk, compiled in zip(keys, loaded) if compiled is not None}, cpu)

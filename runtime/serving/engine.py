@@ -56,6 +56,7 @@ class Engine:
         self._counters = {"device_rounds": 0, "round_sequences": 0, "device_seconds": 0.0}
         self.rounds_in_flight = 1  # the platform's, once started
         self.batch_invariant = False  # the platform's, once started
+        self.platform_info: dict[str, str] = {}  # the platform's, once started
 
     # ---- life cycle -------------------------------------------------------------------------------------
 
@@ -76,6 +77,7 @@ class Engine:
         self.plan, self.rounds_in_flight = self.scorer.plan, self.platform.rounds_in_flight
         self.max_sequence_length = self.plan.max_length  # bucket lengths may round up (batch invariance)
         self.batch_invariant = self.platform.kernels.batch_invariant
+        self.platform_info = self.platform.info()
         laps.lap("load_s")
         warmed = startup.warm_up(self.scorer, self._log_progress)
         laps.lap("compile_s")

@@ -41,9 +41,10 @@ class Executables:
     """The compiled programs of one model, keyed by (program, bucket)."""
 
     def __init__(self, model: nnx.Module, shardings: "MeshLayout | None" = None, lazy: bool = False,
-                 store: ExecutableStore | None = None, device: Any | None = None):
+                 store: ExecutableStore | None = None, device: Any | None = None, cpu_class: str | None = None):
         """`device`: the one device of an unsharded model (default: JAX's default device); a compile-only one
-        compiles for a target. A model built with nnx.eval_shape has an abstract state: it compiles, never runs."""
+        compiles for a target. `cpu_class`: the CPU feature class the executables are for (runtime.serving.store).
+        A model built with nnx.eval_shape has an abstract state: it compiles, never runs."""
         self.model = model  # its config, kernels and RoPE limit (the state lives in `state`)
         self.graphdef, self.state = nnx.split(model)
         self.shapes = ModelShapes.of(model.cfg, model.attention_dtype)
@@ -62,7 +63,8 @@ class Executables:
                                       self.state)
         devices = list(shardings.mesh.devices.flat) if shardings is not None else [self.device]
         self.fingerprint_parts = fingerprint_parts(
-            model, self.state, devices, (shardings.data, shardings.model) if shardings is not None else (1, 1))
+            model, self.state, devices, (shardings.data, shardings.model) if shardings is not None else (1, 1),
+            cpu_class)
         self.store = store
         self.fingerprint = fingerprint(self.fingerprint_parts) if store is not None else ""
         self.stored_bytes: dict[tuple, int] = {}  # (program, bucket) -> serialized size, of those stored here

@@ -9,8 +9,13 @@ choices"); the numbers below in comments are those measurements' conclusions, no
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import os
+import re
+import time
 from pathlib import Path
+from typing import Callable
 
 import jax
 import numpy as np
@@ -32,11 +37,23 @@ DEFAULT_BUCKETS = {
     "accelerator": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (8, 32, 128, 256, 512), 65536, (1, 16)),
 }
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head sizes that are multiples of 8 up to this (the probe checks)
-# CPU feature classes, best first, and the flags (as /proc/cpuinfo names them) each needs. XLA:CPU compiles for the
-# features of the host it compiles on, and its loader refuses an executable that needs one the host lacks: the
-# executable store keys what it holds by the class (runtime.serving.store).
-CPU_CLASSES = (("amx", ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f")), ("avx512_bf16", ("avx512_bf16", "avx512f")),
-               ("avx512", ("avx512f",)), ("avx2", ("avx2", "fma")))
+# CPU feature classes, best first: the flags (as /proc/cpuinfo names them) each needs, and the instruction set XLA:CPU
+# is capped at (XLA_FLAGS=--xla_cpu_max_isa) to compile executables that run on any host of the class. XLA:CPU
+# compiles for the features of the host it compiles on and its loader does not refuse an executable that needs one
+# the host lacks (it logs, and the executable may then stop on an illegal instruction): the executable store keys
+# what it holds by the class it was compiled for (runtime.serving.store), and a start picks a set its host runs.
+CPU_CLASSES = (("amx", ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f"), "AMX"),
+               ("avx512_bf16", ("avx512_bf16", "avx512f"), "AVX512_BF16"),
+               ("avx512", ("avx512f",), "AVX512"),
+               ("avx2", ("avx2", "fma"), "AVX2"),
+               ("baseline", (), "AVX"))  # what jaxlib itself needs: no executable set goes lower
+CPU_CLASS_NAMES = tuple(name for name, _, _ in CPU_CLASSES)
+# Classes whose matrix instructions multiply bfloat16 (with float32 accumulation): elsewhere bfloat16 is emulated,
+# and slower than float32 (2.7x at batch 1 on an AMD EPYC without them).
+BF16_MATMUL_CLASSES = ("amx", "avx512_bf16")
+# The matmul probe must find bfloat16 at least this much faster to choose it: AMX measured 3.8-4.2x (Intel Xeon,
+# 2026-11), so the margin keeps a noisy host from flipping the format between starts.
+BF16_MIN_SPEEDUP = 1.5
 CPUINFO = Path("/proc/cpuinfo")
 
 
@@ -48,12 +65,16 @@ class HostCpu:
 
     @property
     def feature_class(self) -> str:
-        """The best of CPU_CLASSES whose flags the CPU has; "baseline" for none (or an unknown CPU)."""
-        return next((name for name, needs in CPU_CLASSES if self.flags.issuperset(needs)), "baseline")
+        """The best of CPU_CLASSES whose flags the CPU has ("baseline" for none, or an unknown CPU)."""
+        return next(name for name, needs, _ in CPU_CLASSES if self.flags.issuperset(needs))
+
+    def runs(self, feature_class: str) -> bool:
+        """Whether executables compiled for `feature_class` run here (it is this CPU's class or a lower one)."""
+        return CPU_CLASS_NAMES.index(feature_class) >= CPU_CLASS_NAMES.index(self.feature_class)
 
     def describe(self) -> str:
-        shown = " ".join(sorted({flag for _, needs in CPU_CLASSES for flag in needs} & self.flags))
-        return f"{self.model}, feature class {self.feature_class} ({shown or 'none of ' + CPU_CLASSES[-1][0]})"
+        shown = " ".join(sorted({flag for _, needs, _ in CPU_CLASSES for flag in needs} & self.flags))
+        return f"{self.model}, feature class {self.feature_class} ({shown or 'none of ' + CPU_CLASSES[-2][0]})"
 
 
 def host_cpu(cpuinfo: str | None = None) -> HostCpu:
@@ -72,6 +93,86 @@ def host_cpu(cpuinfo: str | None = None) -> HostCpu:
     return HostCpu(fields.get("model name") or "unknown CPU", frozenset(flags.split()))
 
 
+def compile_class(host: HostCpu | None = None, xla_flags: str | None = None) -> str:
+    """The CPU feature class this process compiles for: the host's, or a lower one where XLA_FLAGS caps the
+    instruction set (--xla_cpu_max_isa, as `scorefn warmup --cpu-class` sets it)."""
+    host = host or host_cpu()
+    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    capped = re.search(r"--xla_cpu_max_isa=(\w+)", flags)
+    isa = capped.group(1).upper() if capped else None
+    cap = next((name for name, _, name_isa in CPU_CLASSES if name_isa == isa), "baseline" if isa else None)
+    if cap is None or not host.runs(cap):
+        return host.feature_class
+    return cap
+
+
+def max_isa_flag(feature_class: str) -> str:
+    """The XLA flag that compiles executables for `feature_class` on a host of a higher one."""
+    return f"--xla_cpu_max_isa={dict((name, isa) for name, _, isa in CPU_CLASSES)[feature_class]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuFormat:
+    """The number format a CPU computes in (SCOREFN_DTYPE auto) for the feature class its executables are compiled
+    for, and why: one line for the start's log, `scorefn bench` and /metrics."""
+    feature_class: str
+    dtype: str  # float32 | bfloat16
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.dtype} for CPU class {self.feature_class}: {self.reason}"
+
+
+def matmul_probe(rows: int = 256, width: int = 576, inner: int = 1536, repeats: int = 7) -> dict[str, float]:
+    """GFLOP/s of one model-shaped matmul ([rows, width] @ [width, inner]) in float32 and in bfloat16 with float32
+    accumulation, as the model computes them; the median of `repeats` runs each (a few tenths of a second)."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((rows, width), np.float32), rng.standard_normal((width, inner), np.float32)
+    figures = {}
+    for dtype in ("float32", "bfloat16"):
+        wd = jax.numpy.asarray(w, dtype)
+        run = jax.jit(lambda a, b: jax.numpy.einsum("ti,io->to", a.astype(b.dtype), b,
+                                                    preferred_element_type=np.float32))
+        run(x, wd).block_until_ready()
+        seconds = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            run(x, wd).block_until_ready()
+            seconds.append(time.perf_counter() - started)
+        figures[dtype] = 2 * rows * width * inner / sorted(seconds)[repeats // 2] / 1e9
+    return figures
+
+
+_probe_once = functools.cache(matmul_probe)  # a host's figures do not change while it runs
+
+
+def cpu_format(feature_class: str, probe: Callable[[], dict[str, float]] = _probe_once) -> CpuFormat:
+    """bfloat16 where the class multiplies it in hardware and the probe (where the features alone do not decide)
+    finds it at least BF16_MIN_SPEEDUP faster; float32 elsewhere. `probe` is injectable: tests stand in other
+    hosts' figures."""
+    if feature_class not in BF16_MATMUL_CLASSES:
+        return CpuFormat(feature_class, "float32", "no bfloat16 matrix instructions (bfloat16 would be emulated)")
+    if feature_class == "amx":
+        return CpuFormat(feature_class, "bfloat16", "AMX multiplies bfloat16 tiles with float32 accumulation")
+    figures = probe()
+    speedup = figures["bfloat16"] / figures["float32"]
+    dtype = "bfloat16" if speedup >= BF16_MIN_SPEEDUP else "float32"
+    return CpuFormat(feature_class, dtype, f"matmul probe {figures['float32']:.0f} GFLOP/s float32, "
+                                          f"{figures['bfloat16']:.0f} bfloat16 ({speedup:.2f}x; bfloat16 from "
+                                          f"{BF16_MIN_SPEEDUP}x)")
+
+
+def host_cpu_format() -> CpuFormat:
+    """This process's CpuFormat: the one of the class it compiles for (the probe runs at most once per process)."""
+    return cpu_format(compile_class())
+
+
+def classes_below(feature_class: str) -> tuple[str, ...]:
+    """The feature classes whose executables run wherever `feature_class`'s do, best first: a start whose own set
+    is not stored takes the first of them the executable store holds whole (runtime.serving.compose)."""
+    return CPU_CLASS_NAMES[CPU_CLASS_NAMES.index(feature_class) + 1:]
+
+
 @dataclasses.dataclass(frozen=True)
 class Platform:
     backend: str  # cpu | gpu | tpu
@@ -84,10 +185,19 @@ class Platform:
     # Rounds dispatched and not yet fetched. An accelerator runs one while the host plans and dispatches the next;
     # on a CPU host and "device" share the cores, so one (and a drain never waits behind a second).
     rounds_in_flight: int = 1
+    cpu: CpuFormat | None = None  # a CPU backend: the feature class compiled for, and why this dtype
+
+    def info(self) -> dict[str, str]:
+        """The choices a dashboard or client groups by (/metrics scorefn_platform_info)."""
+        cpu = {"cpu_model": host_cpu().model, "cpu_class": self.cpu.feature_class, "dtype_reason": self.cpu.reason
+               } if self.cpu else {}
+        return {"backend": self.backend, "dtype": self.dtype,
+                "batch_invariant": str(self.kernels.batch_invariant).lower(), **cpu}
 
     def describe(self) -> str:
         k = self.kernels
-        return (f"{self.backend}: {self.dtype}, batch-invariant {'on' if k.batch_invariant else 'off'}, layer loop "
+        why = f" ({self.cpu.describe()})" if self.cpu else ""
+        return (f"{self.backend}: {self.dtype}{why}, batch-invariant {'on' if k.batch_invariant else 'off'}, layer loop "
                 f"{'unrolled' if k.unroll else 'scanned'}, attention "
                 f"{k.attention} in {k.attention_dtype}, matmul precision {k.matmul_precision or 'default'}, "
                 f"{self.layout.describe()}, completion batches {self.completion_batch_buckets}, labels "
@@ -115,14 +225,19 @@ def _backend_name(platform: str) -> str:
     return "gpu" if platform in ("cuda", "rocm", "gpu") else platform
 
 
-def resolve(settings: Settings, backend: str | None = None, data: int = 1) -> Platform:
+def resolve(settings: Settings, backend: str | None = None, data: int = 1, cpu: CpuFormat | None = None) -> Platform:
     """The platform's choices for `settings` (auto settings filled in) on a mesh whose data axis is `data` devices
     (it splits every device batch by rows: auto batch buckets are rounded up to multiples of it, explicit ones stay
-    as set and runtime.serving.sharding names any that do not split); no device work, no model needed."""
+    as set and runtime.serving.sharding names any that do not split); no device work, no model needed. `cpu`: on a
+    CPU backend, the format decided for the class compiled for (default: this process's, host_cpu_format)."""
     backend = backend or current_backend()
     accelerator = backend != "cpu"
     batches, suffix_batches, max_tokens, completion_batches = DEFAULT_BUCKETS["accelerator" if accelerator else "cpu"]
-    dtype = settings.dtype if settings.dtype != "auto" else ("bfloat16" if accelerator else "float32")
+    if not accelerator:
+        cpu = cpu or host_cpu_format()
+        if settings.dtype != "auto":
+            cpu = CpuFormat(cpu.feature_class, settings.dtype, "SCOREFN_DTYPE")
+    dtype = settings.dtype if settings.dtype != "auto" else ("bfloat16" if accelerator else cpu.dtype)
     loop = settings.layer_loop if settings.layer_loop != "auto" else (
         "unroll" if backend == "cpu" and dtype == "bfloat16" else "scan")
     # The batch-invariant kernels run XLA attention over the grid's rows: auto yields to an explicit cudnn or packed.
@@ -153,7 +268,7 @@ def resolve(settings: Settings, backend: str | None = None, data: int = 1) -> Pl
     labels = label_buckets(settings.max_labels, (16,) if accelerator else None)
     return Platform(backend, dtype, kernels, layout, settings.max_bucket_tokens or max_tokens,
                     buckets(settings.completion_batch_buckets, completion_batches), labels,
-                    rounds_in_flight=2 if accelerator else 1)
+                    rounds_in_flight=2 if accelerator else 1, cpu=None if accelerator else cpu)
 
 
 def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool,

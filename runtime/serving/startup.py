@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from runtime.model.config import ModelConfig, load_config
 from runtime.model.loader import LoadedModel, load_model, load_tokenizer, resolve_model_dir
-from runtime.serving.compose import compose, executable_store, load_stored
+from runtime.serving.compose import Stored, compose, executable_store, load_stored
 from runtime.serving.platform import Platform
 from runtime.serving.scorer import Scorer
 from runtime.serving.store import ExecutableStore, cache_events, enable_persistent_cache
@@ -24,8 +24,7 @@ class Loaded:
     model: LoadedModel
     tokenizer: Any
     store: ExecutableStore  # the start's: a stored set that does not load is logged once
-    stored_fingerprint: str
-    stored: dict[tuple, Any]
+    stored: Stored  # and the CPU feature class and format the start takes with them
 
     @property
     def cfg(self) -> ModelConfig:
@@ -42,8 +41,7 @@ def load(settings: Settings) -> Loaded:
         tokenizer = pool.submit(load_tokenizer, model_dir)
         stored = pool.submit(load_stored, settings, load_config(model_dir), store)
         model = load_model(settings.model, settings.cache_dir, settings.model_id)
-        fingerprint, executables = stored.result()
-        return Loaded(model, tokenizer.result(), store, fingerprint, executables)
+        return Loaded(model, tokenizer.result(), store, stored.result())
 
 
 def scorer(settings: Settings, loaded: LoadedModel, *, lazy: bool = False) -> tuple[Scorer, Platform]:
@@ -54,8 +52,8 @@ def scorer(settings: Settings, loaded: LoadedModel, *, lazy: bool = False) -> tu
 
 def serving_scorer(settings: Settings, loaded: Loaded) -> tuple[Scorer, Platform, int]:
     """The scorer a start serves with, holding the executables loaded beside the weights; and how many those were."""
-    built, platform = compose(settings, loaded.cfg, loaded.model.arrays, store=loaded.store)
-    return built, platform, built.exe.adopt(loaded.stored_fingerprint, loaded.stored)
+    built, platform = compose(settings, loaded.cfg, loaded.model.arrays, store=loaded.store, cpu=loaded.stored.cpu)
+    return built, platform, built.exe.adopt(loaded.stored.fingerprint, loaded.stored.executables)
 
 
 def warm_up(built: Scorer, progress: Callable[[int, str, float], None] | None = None) -> dict[str, float]:

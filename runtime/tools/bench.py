@@ -84,17 +84,17 @@ def summarize(latencies: list[float], items: int) -> dict:
             "p99_ms": float(np.percentile(lat, 99) * 1e3)}
 
 
-def matmul_peak(accelerator: bool) -> tuple[float, str]:
-    """(GFLOP/s, dtype) of the fastest matmul with float32 accumulation: bfloat16 8192^3 on an accelerator; on a
-    CPU model-shaped, the faster of bfloat16 and float32."""
-    m, k, n = (8192, 8192, 8192) if accelerator else (2048, 576, 1536)
+def matmul_peak(accelerator: bool) -> tuple[float, str, dict[str, float]]:
+    """(GFLOP/s, dtype, GFLOP/s by dtype) of the fastest matmul with float32 accumulation: bfloat16 8192^3 on an
+    accelerator; on a CPU the platform's model-shaped probe (2048x576 @ 576x1536), bfloat16 and float32."""
+    if not accelerator:
+        figures = platforms.matmul_probe(rows=2048, repeats=15)
+        return max((rate, dtype) for dtype, rate in figures.items()) + (figures,)
+    m = k = n = 8192
     f = jax.jit(lambda x, w: jnp.einsum("mi,io->mo", x, w, preferred_element_type=jnp.float32))
-
-    def rate(dtype) -> float:
-        x, w = jnp.ones((m, k), dtype), jnp.ones((k, n), dtype)
-        seconds = np.median(timed_runs(lambda: f(x, w).block_until_ready(), 20, warmup=3))
-        return 2 * m * k * n / seconds / 1e9
-    return max((rate(dtype), dtype) for dtype in (["bfloat16"] if accelerator else ["bfloat16", "float32"]))
+    x, w = jnp.ones((m, k), jnp.bfloat16), jnp.ones((k, n), jnp.bfloat16)
+    rate = 2 * m * k * n / np.median(timed_runs(lambda: f(x, w).block_until_ready(), 20, warmup=3)) / 1e9
+    return rate, "bfloat16", {"bfloat16": rate}
 
 
 def sequence_flops(cfg, tokens: int, start: int = 0) -> float:
@@ -276,14 +276,15 @@ def main(args: argparse.Namespace) -> int:
     flipped, _ = startup.scorer(settings.replace(batch_invariant=other), loaded, lazy=True)
     invariant_and_not = (scorer, flipped) if platform.kernels.batch_invariant else (flipped, scorer)
     cfg, vocab = loaded.cfg, loaded.cfg.vocab_size
-    peak, peak_dtype = matmul_peak(accelerator)
+    peak, peak_dtype, rates = matmul_peak(accelerator)
     cpu = platforms.host_cpu()  # every figure says which host it comes from
     report: dict = {"backend": backend, "platform": platform.describe(), "cpus": os.cpu_count(),
                     "cpu": cpu.describe(),
                     "model": f"{cfg.architecture} {cfg.num_layers}L d{cfg.hidden_size}"
                              + (" (random weights)" if config else f" ({loaded.model_id})"),
-                    "matmul_peak_gflops": peak, "matmul_peak_dtype": peak_dtype}
-    print(f"model: {report['model']}; platform {report['platform']}; {peak_dtype} matmul peak {peak:.0f} GFLOP/s; "
+                    "matmul_peak_gflops": peak, "matmul_peak_dtype": peak_dtype, "matmul_gflops": rates}
+    shown = ", ".join(f"{dtype} {rate:.0f}" for dtype, rate in rates.items())
+    print(f"model: {report['model']}; platform {report['platform']}; matmul GFLOP/s {shown}; "
           f"host {cpu.describe()}, {os.cpu_count()} cores", flush=True)
 
     baselines = {}

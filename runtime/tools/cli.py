@@ -75,7 +75,18 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:
-    """Compile every bucket into the persistent cache (a container build step) and report timings."""
+    """Compile every bucket into the persistent cache (a container build step) and report timings. `--cpu-class`:
+    for that CPU feature class, not this host's (an image carries a set for any host: runtime.serving.platform)."""
+    if args.cpu_class:
+        from runtime.serving.platform import host_cpu, max_isa_flag
+
+        host = host_cpu()
+        if not host.runs(args.cpu_class):
+            print(f"scorefn warmup: this host's CPU ({host.describe()}) cannot compile for class {args.cpu_class}",
+                  file=sys.stderr)
+            return 2
+        # XLA reads its flags when JAX starts its backend, which has not happened yet in this process.
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {max_isa_flag(args.cpu_class)}".strip()
     from runtime.serving.engine import Engine
 
     started = time.perf_counter()
@@ -155,8 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--dtype", choices=("auto", "float32", "bfloat16"))
     score.set_defaults(func=cmd_score)
 
-    sub.add_parser("warmup", help="compile every bucket into the persistent cache and exit").set_defaults(
-        func=cmd_warmup)
+    warmup = sub.add_parser("warmup", help="compile every bucket into the executable store and exit")
+    warmup.add_argument("--cpu-class", choices=("amx", "avx512_bf16", "avx512", "avx2", "baseline"),
+                        help="compile for this CPU feature class (one this host runs), not the host's own")
+    warmup.set_defaults(func=cmd_warmup)
     sub.add_parser("prepare", help="convert the model into the cache directory and exit").set_defaults(
         func=cmd_prepare)
     sub.add_parser("settings", help="list every setting with its default").set_defaults(func=cmd_settings)

@@ -32,6 +32,7 @@ class FakeEngine:
     classifiers: tuple = ()  # tests/handler/test_classify.py installs some
     rerankers: tuple = ()  # tests/handler/test_rerank.py installs some
     batch_invariant = True
+    platform_info = {"backend": "cpu", "dtype": "float32", "batch_invariant": "true"}
 
     def __init__(self, *, gated: bool = False) -> None:
         self.start_gate = threading.Event()  # start() waits for it when gated

@@ -115,7 +115,7 @@ def test_tracking_fields_are_accepted(client: Client) -> None:
 def test_models_lists_the_classifiers_with_their_labels(client: Client) -> None:
     data = client.get("/v1/models").json()["data"]
     assert [card["id"] for card in data] == ["fake-model", "sentiment", "topic"]
-    assert set(data[0]) == {"id", "object", "created", "owned_by", "batch_invariant"}
+    assert set(data[0]) == {"id", "object", "created", "owned_by", "batch_invariant", "dtype"}
     assert data[1] == {"id": "sentiment", "object": "model", "created": data[0]["created"], "owned_by": "scorefn",
                        "parent": "fake-model", "task": "classify", "labels": ["positive", "negative"]}
     assert data[2]["labels"] == ["sports", "politics", "science"]

@@ -24,7 +24,7 @@ def test_models(client: Client) -> None:
     assert data["object"] == "list" and len(data["data"]) == 1
     card = data["data"][0]
     assert card == {"id": "fake-model", "object": "model", "created": card["created"], "owned_by": "scorefn",
-                    "batch_invariant": True}
+                    "batch_invariant": True, "dtype": "float32"}
 
 
 def test_tokenize(client: Client) -> None:
@@ -278,6 +278,7 @@ def test_metrics(client: Client) -> None:
     assert _sample(text, 'scorefn_engine_service_tokens_per_second{kind="full"}') == 900
     assert "# TYPE scorefn_engine_predicted_wait_seconds gauge" in text
     assert 'scorefn_items_per_request_bucket{le="4.0"} 1.0' in text
+    assert _sample(text, 'scorefn_platform_info{backend="cpu",batch_invariant="true",dtype="float32"}') == 1
 
 
 def test_each_app_has_its_own_registry(face: str) -> None:

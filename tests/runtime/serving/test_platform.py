@@ -11,7 +11,8 @@ from runtime.model.config import config_from_hf
 from runtime.serving.grid import GridLayout
 from runtime.serving.packed import PackedLayout
 from runtime.serving import platform as platforms
-from runtime.serving.platform import HostCpu, fit_to_model, host_cpu, resolve
+from runtime.serving.platform import (CpuFormat, HostCpu, classes_below, compile_class, cpu_format, fit_to_model,
+                                      host_cpu, matmul_probe, resolve)
 from runtime.settings import load_settings
 from tests.runtime.conftest import EPYC, GRAVITON, SAPPHIRE_RAPIDS
 
@@ -29,6 +30,7 @@ def test_the_host_cpu_and_its_feature_class():
     assert HostCpu("x", frozenset({"avx512f", "avx512_bf16"})).feature_class == "avx512_bf16"
     assert HostCpu("x", frozenset({"avx512f"})).feature_class == "avx512"
     assert host_cpu("").describe() == "unknown CPU, feature class baseline (none of avx2)"
+    assert host_cpu(EPYC).runs("avx2") and host_cpu(EPYC).runs("baseline") and not host_cpu(EPYC).runs("avx512")
 
 
 def test_an_unreadable_cpuinfo_is_an_unknown_cpu(monkeypatch, tmp_path):
@@ -36,8 +38,49 @@ def test_an_unreadable_cpuinfo_is_an_unknown_cpu(monkeypatch, tmp_path):
     assert host_cpu() == HostCpu("unknown CPU", frozenset())
 
 
+def no_probe():
+    raise AssertionError("the features decide: no probe")
+
+
+def test_the_cpu_format_follows_the_matrix_instructions_and_the_probe():
+    assert cpu_format("amx", no_probe) == CpuFormat("amx", "bfloat16", "AMX multiplies bfloat16 tiles with float32 "
+                                                                        "accumulation")
+    for feature_class in ("avx512", "avx2", "baseline"):
+        assert cpu_format(feature_class, no_probe).dtype == "float32"
+    # AVX512-BF16 without AMX: the probe decides, with a margin so that noise does not flip it between starts
+    faster = cpu_format("avx512_bf16", lambda: {"float32": 300.0, "bfloat16": 900.0})
+    assert faster.dtype == "bfloat16" and "300 GFLOP/s float32, 900 bfloat16 (3.00x" in faster.reason
+    assert cpu_format("avx512_bf16", lambda: {"float32": 300.0, "bfloat16": 400.0}).dtype == "float32"
+
+
+def test_the_matmul_probe_measures_both_formats():
+    figures = matmul_probe(rows=8, width=32, inner=64, repeats=3)
+    assert set(figures) == {"float32", "bfloat16"} and min(figures.values()) > 0
+
+
+def test_the_class_compiled_for_is_the_hosts_or_the_xla_cap_below_it():
+    xeon, epyc = host_cpu(SAPPHIRE_RAPIDS), host_cpu(EPYC)
+    assert compile_class(xeon, "") == "amx" and compile_class(epyc, "--xla_foo=1") == "avx2"
+    assert compile_class(xeon, "--xla_foo=1 --xla_cpu_max_isa=AVX2") == "avx2"
+    assert compile_class(xeon, "--xla_cpu_max_isa=avx") == "baseline"
+    assert compile_class(epyc, "--xla_cpu_max_isa=AMX") == "avx2"  # a cap above the host changes nothing
+    assert classes_below("avx2") == ("baseline",) and classes_below("baseline") == ()
+    assert classes_below("amx") == ("avx512_bf16", "avx512", "avx2", "baseline")
+    assert platforms.max_isa_flag("avx2") == "--xla_cpu_max_isa=AVX2"
+
+
+def test_the_cpu_dtype_is_the_formats_unless_set():
+    amx = CpuFormat("amx", "bfloat16", "AMX")
+    platform = resolve(load_settings(environ={}), backend="cpu", cpu=amx)
+    assert platform.dtype == "bfloat16" and platform.kernels.unroll and platform.cpu == amx
+    assert platform.describe().startswith("cpu: bfloat16 (bfloat16 for CPU class amx: AMX), batch-invariant on")
+    pinned = resolve(load_settings(environ={"SCOREFN_DTYPE": "float32"}), backend="cpu", cpu=amx)
+    assert pinned.dtype == "float32" and pinned.cpu == CpuFormat("amx", "float32", "SCOREFN_DTYPE")
+    assert resolve(load_settings(environ={}), backend="gpu", cpu=amx).cpu is None
+
+
 def test_cpu_defaults():
-    platform = resolve(load_settings(environ={}), backend="cpu")
+    platform = resolve(load_settings(environ={}), backend="cpu", cpu=cpu_format("avx2"))
     assert platform.dtype == "float32"
     assert platform.kernels.attention == "xla" and platform.kernels.attention_dtype == "float32"
     assert not platform.kernels.unroll and platform.kernels.matmul_precision is None

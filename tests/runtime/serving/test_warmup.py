@@ -93,9 +93,9 @@ def test_a_changed_model_setting_misses_the_store(model_dir, cache_dir, tmp_path
 
 
 def test_another_cpu_feature_class_misses_the_store(model_dir, cache_dir, tmp_path, monkeypatch, caplog):
-    """XLA:CPU compiles for the host's features and refuses to load what needs more: the store keys executables by
-    the CPU's feature class, so a start on a host of another class (injected: an AMX host, then an AVX2-only one)
-    does not take them, and says why."""
+    """XLA:CPU compiles for the host's features, and what it compiled may stop on an illegal instruction on a host
+    without them: the store keys executables by the CPU feature class compiled for, so a start on a host of a lower
+    class (injected: an AMX host, then an AVX2-only one) does not take a higher class's set, and says why."""
     xla_dir, cpuinfo = tmp_path / "xla", tmp_path / "cpuinfo"
     monkeypatch.setattr(platforms, "CPUINFO", cpuinfo)
     for host, stored in ((SAPPHIRE_RAPIDS, 0), (EPYC, 0), (SAPPHIRE_RAPIDS, None)):
@@ -105,6 +105,39 @@ def test_another_cpu_feature_class_misses_the_store(model_dir, cache_dir, tmp_pa
         engine.stop(5)
         assert engine.timings["stored"] == (engine.plan.count() if stored is None else stored)
     assert 'differs in cpu "amx" stored, "avx2" here' in caplog.text
+
+
+def test_a_start_takes_a_lower_classes_whole_set_with_its_format(model_dir, cache_dir, tmp_path, monkeypatch,
+                                                                 caplog):
+    """An image carries a baseline set (`scorefn warmup --cpu-class avx2`) beside its build host's: a start on a
+    higher class whose own set is not stored takes the whole baseline set, in that class's format (float32),
+    instead of compiling; a set the store holds only in part is not taken."""
+    xla_dir, cpuinfo = tmp_path / "xla", tmp_path / "cpuinfo"
+    monkeypatch.setattr(platforms, "CPUINFO", cpuinfo)
+    settings = dict(batch_buckets=(2,), prefix_sharing=False, dtype="auto")
+    cpuinfo.write_text(EPYC)  # the baseline set, as an AVX2 host compiles it
+    baseline = Engine(small_settings(model_dir, cache_dir, xla_dir, **settings))
+    baseline.start()
+    baseline.stop(5)
+    assert baseline.platform.dtype == "float32" and baseline.platform.cpu.feature_class == "avx2"
+    cpuinfo.write_text(SAPPHIRE_RAPIDS)
+    engine = Engine(small_settings(model_dir, cache_dir, xla_dir, **settings))
+    engine.start()
+    try:
+        assert engine.timings["stored"] == engine.timings["preloaded"] == engine.plan.count()  # nothing compiled
+        assert engine.platform.cpu.feature_class == "avx2" and engine.platform.dtype == "float32"
+        assert "no executables for this host's CPU class amx; taking the whole set compiled for class avx2" \
+            in caplog.text
+        assert engine.score([[5, 6, 7]], [1, 2]).shape == (1, 2)
+    finally:
+        engine.stop(5)
+    for path in list((xla_dir / "executables").glob("*/*.jaxexe"))[:1]:
+        path.unlink()  # the baseline set no longer whole: the AMX host compiles its own (bfloat16)
+    own = Engine(small_settings(model_dir, cache_dir, xla_dir, **settings))
+    own.start()
+    own.stop(5)
+    assert own.platform.cpu.feature_class == "amx" and own.platform.dtype == "bfloat16"
+    assert own.timings["stored"] == 0
 
 
 def test_executables_from_the_persistent_cache_are_not_stored(model_dir, cache_dir, tmp_path):
