@@ -5,9 +5,11 @@ the Containerfile's cpu image, then runs it on loopback only, as infra/k8s deplo
 filesystem with a tmpfs /tmp, every capability dropped, no privilege escalation, the manifest's environment):
 waits for /ready, checks /v1/score, /v1/classify, /v1/rerank, /v1/completions and /v1/tokenize by value (the
 serve-only check's own checks, scripts/serve_check.py), that every shape bucket was loaded from the baked
-executables, that a second container from the same image is ready as fast, and that SIGTERM ends the first with
-exit status 0 within SCOREFN_DRAIN_GRACE_S. The last line printed is one JSON object:
-{"build_s", "image_bytes", "ready_s", "second_ready_s", "stop_s", "exit_code", "checks": {name: true|false}},
+executables, that a second container from the same image is ready as fast, that a third one on a host of another
+CPU class (an AVX2-only /proc/cpuinfo mounted over its own) loads the baked AVX2 set and scores, compiling
+nothing, and that SIGTERM ends the first with exit status 0 within SCOREFN_DRAIN_GRACE_S. The last line printed is
+one JSON object: {"build_s", "image_bytes", "ready_s", "second_ready_s", "avx2_ready_s", "stop_s", "exit_code",
+"checks": {name: true|false}},
 plus "ready_cpu_s", "second_ready_cpu_s" (CPU seconds to ready) and "load_average" (the wall times depend on it).
 Exit status 0 only if every check passed; a machine that cannot build or run containers fails, saying why.
 Standard library only (runs with the system Python, before or without any venv).
@@ -36,6 +38,7 @@ WORK = REPO / ".cache" / "image-check"
 READY_BUDGET_S = 10.0  # start (podman run) to /ready 200
 MAX_IMAGE_BYTES = 1_000_000_000
 UID = 10001
+AVX2_HOST = "processor\t: 0\nmodel name\t: AMD EPYC 7B13 64-Core Processor\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n"
 # The environment and security settings infra/k8s/base/deployment.yaml gives the container
 # (tests/infra/test_image_check.py checks that they agree).
 K8S_ENV = {"PORT": "8080", "SCOREFN_DRAIN_GRACE_S": "10", "HF_HOME": "/tmp/huggingface"}
@@ -124,18 +127,33 @@ def logs(name: str) -> str:
     return (done.stdout + done.stderr)[-4000:]
 
 
-def start(name: str) -> tuple[str, float, float | None]:
-    """`podman run` the image as infra/k8s runs it; (its URL, seconds from run to /ready 200, CPU seconds the
-    container used until then: unlike the wall time, barely changed by other work on the machine)."""
+def start(name: str, *extra: str) -> tuple[str, float, float | None]:
+    """`podman run` the image as infra/k8s runs it (plus `extra` arguments); (its URL, seconds from run to /ready
+    200, CPU seconds the container used until then: unlike the wall time, barely changed by other work on the
+    machine)."""
     port = free_port()
     env = [arg for key, value in K8S_ENV.items() for arg in ("-e", f"{key}={value}")]
     started = time.perf_counter()
-    podman("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:{K8S_ENV['PORT']}", *K8S_SECURITY, *env, IMAGE)
+    podman("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:{K8S_ENV['PORT']}", *K8S_SECURITY, *env, *extra,
+           IMAGE)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url, name)
     ready_s = time.perf_counter() - started
     cpu_ns = podman("stats", "--no-stream", "--format", "{{.CPUNano}}", name, check=False).stdout.strip()
     return url, ready_s, int(cpu_ns) / 1e9 if cpu_ns.isdigit() else None
+
+
+def all_loaded(name: str) -> bool:
+    """Whether the container's start loaded every bucket from the baked executables (its warm-up log line)."""
+    warmup = re.search(r"warm-up done: (\d+) buckets in [\d.]+ s \((\d+) loaded from the executable store",
+                       logs(name))
+    log(f"{name}: {warmup.group(0) if warmup else 'no warm-up line in the log'}")
+    return bool(warmup) and warmup.group(1) == warmup.group(2)
+
+
+def metrics(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        return response.read().decode()
 
 
 def in_container(name: str, script: str) -> str:
@@ -144,11 +162,12 @@ def in_container(name: str, script: str) -> str:
 
 def main() -> int:
     base = set_up()
-    result: dict = {"build_s": None, "image_bytes": None, "ready_s": None, "second_ready_s": None, "stop_s": None,
+    result: dict = {"build_s": None, "image_bytes": None, "ready_s": None, "second_ready_s": None, "avx2_ready_s": None,
+                    "stop_s": None,
                     "exit_code": None, "checks": {}, "ready_cpu_s": None, "second_ready_cpu_s": None,
                     "load_average": None}
     checks = result["checks"]
-    first, second = f"scorefn-check-{os.getpid()}", f"scorefn-check-{os.getpid()}-2"
+    first, second, third = (f"scorefn-check-{os.getpid()}{suffix}" for suffix in ("", "-2", "-avx2"))
     try:
         result["build_s"] = round(build(base), 1)
         result["image_bytes"] = int(podman("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout.strip())
@@ -168,16 +187,20 @@ def main() -> int:
             "import os, tempfile\n"
             "try:\n    open('/opt/scorefn/probe', 'w'); print('writable')\n"
             "except OSError:\n    tempfile.NamedTemporaryFile(dir='/tmp').close(); print('read-only')")) == "read-only"
-        warmup = re.search(r"warm-up done: (\d+) buckets in [\d.]+ s \((\d+) loaded from the executable store",
-                           logs(first))
-        checks["executables_loaded_not_compiled"] = bool(warmup) and warmup.group(1) == warmup.group(2)
-        log(f"start: {warmup.group(0) if warmup else 'no warm-up line in the log'}")
+        checks["executables_loaded_not_compiled"] = all_loaded(first)
 
         _, second_ready_s, cpu_s = start(second)  # scale-out: another instance of the same image beside the first
         result["second_ready_s"], result["second_ready_cpu_s"] = round(second_ready_s, 2), cpu_s and round(cpu_s, 2)
         # Scale-out: the second start reads the same image, nothing the first one left behind, so it is as fast
         # (within a quarter, for the noise of a shared machine) or within the budget.
         checks["second_ready_as_fast"] = second_ready_s <= max(1.25 * ready_s, READY_BUDGET_S)
+
+        # A host of another CPU class (an AVX2-only AMD EPYC's /proc/cpuinfo over the container's): it takes the
+        # baked avx2 set, whatever CPU built the image, and compiles nothing.
+        WORK.joinpath("cpuinfo-avx2").write_text(AVX2_HOST)
+        url, result["avx2_ready_s"], _ = start(third, "-v", f"{WORK / 'cpuinfo-avx2'}:/proc/cpuinfo:ro")
+        checks["avx2_host_loads_the_avx2_set"] = all_loaded(third) and 'cpu_class="avx2"' in metrics(url)
+        checks["avx2_host_scores"] = next(passed for _, passed, _ in endpoint_checks(url))
 
         grace = float(K8S_ENV["SCOREFN_DRAIN_GRACE_S"])
         stopped = time.perf_counter()
@@ -189,7 +212,7 @@ def main() -> int:
         log(f"FAILED: {error}")
         checks["containers_ran"] = False
     finally:
-        for name in (first, second):
+        for name in (first, second, third):
             podman("rm", "--force", "--time", "0", name, check=False)
     failed = [name for name, passed in checks.items() if not passed]
     log("passed" if not failed else f"FAILED checks: {', '.join(failed)}")

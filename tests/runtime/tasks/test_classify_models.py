@@ -121,7 +121,7 @@ def test_classification_model_over_the_api(head_service):
     assert status == 400 and error["error"]["code"] == "context_length_exceeded"
     cards = json.loads(core.begin(HttpRequest("GET", "/v1/models", {}, b"")).body)["data"]
     assert cards == [{"id": engine.model_id, "object": "model", "created": cards[0]["created"], "owned_by": "scorefn",
-                      "batch_invariant": True, "task": "classify", "labels": list(labels)}]
+                      "batch_invariant": True, "dtype": "float32", "task": "classify", "labels": list(labels)}]
 
 
 # ---- kind 2: the built-in verbalizer classifier on the embedded model ---------------------------------
