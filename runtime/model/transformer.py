@@ -89,7 +89,7 @@ class Transformer(nnx.Module):
         window = cfg.sliding_window
         self.window = window if window is not None and (max_length is None or window < max_length) else None
 
-        def param(name: str) -> nnx.Param:
+        def param(name: str, layer: int | None = None) -> nnx.Param:
             # The embedding/vocabulary head stays float32: it runs only at scored positions (cheap) and
             # bfloat16 rounding there moves log-probs by more than the body's bfloat16 matmuls do. Norms, biases
             # and the router (its top-k choice) stay float32 too.
@@ -97,14 +97,21 @@ class Transformer(nnx.Module):
             exact = base.endswith("norm") or base.startswith("b") or base in ("embed", "lm_head", "score_head",
                                                                             "router")
             kept = F32 if exact else self.dtype
-            return nnx.Param(jnp.asarray(arrays[name], dtype=kept))
+            return nnx.Param(jnp.asarray(arrays[name] if layer is None else arrays[name][layer], dtype=kept))
 
         self.embed = param("embed")  # [V, D]
         self.final_norm = param("final_norm")  # [D]
         self.lm_head = param("lm_head") if "lm_head" in arrays else None  # [V, D], None when tied
         self.score_head = param("score_head") if "score_head" in arrays else None  # [labels, D]
         layer_names = sorted(n for n in arrays if n.startswith("layers."))
-        self.layers = nnx.Dict({n.removeprefix("layers."): param(n) for n in layer_names})  # each [Layers, ...]
+        if self.kernels.unroll:
+            # Each layer's weights are parameters of their own: an unrolled loop over stacked weights copied each
+            # layer's out of the stack on every call (XLA:CPU, bfloat16 through float32 and back: 0.8 ms a layer on
+            # the embedded model, more than its matmuls for one item; Intel Xeon, 2026-11-26).
+            self.layers = nnx.List([nnx.Dict({n.removeprefix("layers."): param(n, i) for n in layer_names})
+                                    for i in range(cfg.num_layers)])
+        else:
+            self.layers = nnx.Dict({n.removeprefix("layers."): param(n) for n in layer_names})  # each [Layers, ...]
         # RoPE: inverse frequencies [R/2], or [max_length, R/2] by length where served lengths change them.
         length = max_length or cfg.max_position_embeddings
         table, self.rope_scaling = cfg.rope.frequency_table(length)
@@ -253,28 +260,28 @@ class Transformer(nnx.Module):
         if self.local_inv_freq is not None:
             local = self._rope(positions, self.local_inv_freq[...], lengths, self.local_rope_scaling,
                                tokens_of_stream)
-        layers = {name: value[...] for name, value in self.layers.items()} | self._layer_data()
-        unroll = self.kernels.unroll
 
-        if ctx is None:
-            packed = None if segments is None else attention.Packed(segments, positions)
-
-            def body(h, p):
-                h, (k, v) = self._layer(h, p, (rope, local), packed, rows)
-                return h, ((k[0], v[0]) if keep_kv else None)  # keep_kv only for a batch of one
-            h, kv = jax.lax.scan(body, h, layers, unroll=unroll)
-            return (h if rows is None else invariant.unflatten(h, rows)), kv
-
-        ctx_k, ctx_v, ctx_len = ctx
-
-        def body_ctx(h, xs):
-            p, k, v = xs
-            attend = (k, v, ctx_len, positions) if segments is None else \
-                attention.Packed(segments, positions, (k, v, ctx_len))
-            h, _ = self._layer(h, p, (rope, local), attend, rows)
-            return h, None
-        h, _ = jax.lax.scan(body_ctx, h, (layers, ctx_k, ctx_v), unroll=unroll)
-        return (h if rows is None else invariant.unflatten(h, rows)), None
+        def body(h, xs):
+            p, kv = xs
+            if ctx is None:
+                attend = None if segments is None else attention.Packed(segments, positions)
+            else:
+                attend = (*kv, ctx[2], positions) if segments is None else \
+                    attention.Packed(segments, positions, (*kv, ctx[2]))
+            h, (k, v) = self._layer(h, p, (rope, local), attend, rows)
+            return h, ((k[0], v[0]) if keep_kv else None)  # keep_kv only for a batch of one (and no context)
+        context = (None, None) if ctx is None else ctx[:2]
+        if self.kernels.unroll:  # a Python loop over each layer's own parameters
+            data, kept = self._layer_data(), []
+            for i, layer in enumerate(self.layers):
+                p = {name: value[...] for name, value in layer.items()} | {k: d[i] for k, d in data.items()}
+                h, kv = body(h, (p, jax.tree.map(lambda c: c[i], context)))
+                kept.append(kv)
+            kv = jax.tree.map(lambda *each: jnp.stack(each), *kept) if keep_kv else None
+        else:
+            layers = {name: value[...] for name, value in self.layers.items()} | self._layer_data()
+            h, kv = jax.lax.scan(body, h, (layers, context))
+        return (h if rows is None else invariant.unflatten(h, rows)), kv
 
     @staticmethod
     def _rope(positions, table, lengths, scaling: float, stream: int | None):

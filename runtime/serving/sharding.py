@@ -105,9 +105,14 @@ def sharded_parts(cfg: ModelConfig, model: int, data: int = 1) -> dict[str, bool
 
 
 def param_spec(name: str, parts: dict[str, bool]) -> P:
-    """PartitionSpec of a parameter by its flat name (embed, layers.wq, ...); unknown names are replicated."""
-    part, spec = _SHARDED.get(name.removeprefix("layers."), (None, P()))
-    return spec if part is not None and parts[part] else P()
+    """PartitionSpec of a parameter by its flat name (embed, layers.wq, ...; an unrolled model's layer i:
+    layers.i.wq, without the leading layer axis); unknown names are replicated."""
+    index, _, rest = name.removeprefix("layers.").partition(".")
+    one_layer = index.isdigit()
+    part, spec = _SHARDED.get(rest if one_layer else name.removeprefix("layers."), (None, P()))
+    if part is None or not parts[part]:
+        return P()
+    return P(*spec[1:]) if one_layer else spec
 
 
 def check_batches(plan: BucketPlan, data: int, mesh_text: str) -> None:

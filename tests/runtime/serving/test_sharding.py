@@ -187,6 +187,8 @@ def test_parameter_specs(smollm, caplog):
     assert param_spec("layers.wq", parts) == param_spec("layers.wk", parts) == param_spec("layers.wo", parts) == P()
     assert param_spec("layers.w_up", parts) == P(None, None, "model")
     assert param_spec("layers.w_down", parts) == P(None, "model", None)
+    assert param_spec("layers.7.w_down", parts) == P("model", None)  # an unrolled model's layer 7: no layer axis
+    assert param_spec("layers.7.wq", parts) == P()
     assert param_spec("embed", parts) == P("model", None)
 
     gqa = dataclasses.replace(smollm, num_heads=8, num_kv_heads=2)
