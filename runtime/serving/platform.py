@@ -120,7 +120,7 @@ class CpuFormat:
     reason: str
 
     def describe(self) -> str:
-        return f"{self.dtype} for CPU class {self.feature_class}: {self.reason}"
+        return f"CPU class {self.feature_class}: {self.reason}"
 
 
 def matmul_probe(rows: int = 256, width: int = 576, inner: int = 1536, repeats: int = 7) -> dict[str, float]:

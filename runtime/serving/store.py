@@ -99,6 +99,7 @@ class ExecutableStore:
         return self.directory / fingerprint / f"{method}-{'x'.join(map(str, key)) or 'scalar'}.jaxexe"
 
     def holds(self, fingerprint: str, method: str, key: tuple) -> bool:
+        """Whether an executable is stored for (program, bucket) under `fingerprint` (not loading it)."""
         return self._path(fingerprint, method, key).is_file()
 
     def load(self, fingerprint: str, method: str, key: tuple) -> jax.stages.Compiled | None:

@@ -78,9 +78,13 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     """Compile every bucket into the persistent cache (a container build step) and report timings. `--cpu-class`:
     for that CPU feature class, not this host's (an image carries a set for any host: runtime.serving.platform)."""
     if args.cpu_class:
-        from runtime.serving.platform import host_cpu, max_isa_flag
+        from runtime.serving.platform import CPU_CLASS_NAMES, host_cpu, max_isa_flag
 
         host = host_cpu()
+        if args.cpu_class not in CPU_CLASS_NAMES:
+            print(f"scorefn warmup: unknown CPU class {args.cpu_class}; known: {', '.join(CPU_CLASS_NAMES)}",
+                  file=sys.stderr)
+            return 2
         if not host.runs(args.cpu_class):
             print(f"scorefn warmup: this host's CPU ({host.describe()}) cannot compile for class {args.cpu_class}",
                   file=sys.stderr)
@@ -167,8 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     score.set_defaults(func=cmd_score)
 
     warmup = sub.add_parser("warmup", help="compile every bucket into the executable store and exit")
-    warmup.add_argument("--cpu-class", choices=("amx", "avx512_bf16", "avx512", "avx2", "baseline"),
-                        help="compile for this CPU feature class (one this host runs), not the host's own")
+    warmup.add_argument("--cpu-class", help="compile for this CPU feature class (amx, avx512_bf16, avx512, avx2, "
+                        "baseline: one this host runs), not the host's own")
     warmup.set_defaults(func=cmd_warmup)
     sub.add_parser("prepare", help="convert the model into the cache directory and exit").set_defaults(
         func=cmd_prepare)

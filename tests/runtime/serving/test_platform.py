@@ -73,7 +73,7 @@ def test_the_cpu_dtype_is_the_formats_unless_set():
     amx = CpuFormat("amx", "bfloat16", "AMX")
     platform = resolve(load_settings(environ={}), backend="cpu", cpu=amx)
     assert platform.dtype == "bfloat16" and platform.kernels.unroll and platform.cpu == amx
-    assert platform.describe().startswith("cpu: bfloat16 (bfloat16 for CPU class amx: AMX), batch-invariant on")
+    assert platform.describe().startswith("cpu: bfloat16 (CPU class amx: AMX), batch-invariant on")
     pinned = resolve(load_settings(environ={"SCOREFN_DTYPE": "float32"}), backend="cpu", cpu=amx)
     assert pinned.dtype == "float32" and pinned.cpu == CpuFormat("amx", "float32", "SCOREFN_DTYPE")
     assert resolve(load_settings(environ={}), backend="gpu", cpu=amx).cpu is None
