@@ -94,7 +94,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Attention kernel of jax.nn.dot_product_attention. auto: cudnn (flash attention) on GPU with bfloat16 "
             "when a start-up probe runs it, else xla."),
     Setting("layer_loop", "auto", _choice("auto", "scan", "unroll"),
-            "Run the layers as one scanned body or unrolled. auto: unroll for bfloat16 on CPU, else scan."),
+            "Run the layers as one scanned body or unrolled (compiles several times slower). auto: scan."),
     Setting("length_buckets", "32,64,128,256,512,1024,2048", _csv_ints,
             "Padded sequence lengths compiled at start-up; the largest is the longest accepted sequence."),
     Setting("batch_buckets", "auto", _auto(_csv_ints),

@@ -22,7 +22,7 @@ PLAN = small_plan(lengths=(32, 64), batches=(1, 4), labels=(4,))  # 1 to 8 tiles
 FAMILY_CASES = ["gemma", "gemma2", "gemma3_local_global_rope", "granite_dynamic_rope", "llama3_rope_scaling",
                 "llama_biases", "mistral_sliding_window", "olmo2_yarn_rope", "phi3_longrope_partial_sliding", "qwen2",
                 "qwen3", "qwen3_moe_linear_rope", "smollm2_like"]
-INVARIANT = Kernels(batch_invariant=True)
+INVARIANT = Kernels(batch_invariant=True, weight_bits=True)  # as the CPU platform runs them
 # Items after a shared prefix, in suffix rows of 32: the cascade's programs.
 PREFIX_PLAN = small_plan(lengths=(32, 64), batches=(1, 4), prefix_sharing=True, suffix_lengths=(32,),
                          suffix_batches=(1, 4), labels=(4,), contexts=(32, 64))
@@ -80,7 +80,7 @@ def test_invariant_scores_match_transformers(scorers):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_embedded_model_is_invariant(embedded_dir, dtype):
     """The 30-layer model in both number formats: the default kernels differ by row and bucket, these do not."""
-    scorer = scorer_for(embedded_dir, dtype, PLAN, kernels=Kernels(batch_invariant=True))
+    scorer = scorer_for(embedded_dir, dtype, PLAN, kernels=INVARIANT)
     rng = np.random.default_rng(0)
     item = [504, 3575, 282, 4649, 314]
     labels = [7042, 4528, 11]

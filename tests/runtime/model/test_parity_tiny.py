@@ -35,14 +35,27 @@ def test_logprobs_match_transformers(tiny_case):
     np.testing.assert_allclose(scorer.score([sequences[row]], labels)[0], ours[row], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("loop", ["scan", "unroll"])
 @pytest.mark.parametrize("case", ["llama", "qwen3"])
-def test_bfloat16_close_to_transformers(case, tmp_path):
+def test_bfloat16_close_to_transformers(case, loop, tmp_path):
+    """bfloat16 on either layer loop: scanned (the stacked weights held as their bits) or unrolled (each layer's
+    weights its own parameters)."""
     family, overrides = CASES[case]
     torch_model = tiny_checkpoint(family, tmp_path, **overrides)
-    scorer = scorer_for(tmp_path, "bfloat16", small_plan(lengths=(32,), batches=(8,)))
+    kernels = Kernels(unroll=loop == "unroll", batch_invariant=True, weight_bits=True)
+    scorer = scorer_for(tmp_path, "bfloat16", small_plan(lengths=(32,), batches=(8,)), kernels=kernels)
     sequences = random_sequences(np.random.default_rng(2), 4, 3, 30, 128)
     ours = scorer.score(sequences, [1, 2, 3])
     np.testing.assert_allclose(ours, torch_label_logprobs(torch_model, sequences, [1, 2, 3]), atol=0.05, rtol=0)
+
+
+def test_the_unrolled_loop_matches_the_scanned_one(tmp_path):
+    family, overrides = CASES["qwen3"]
+    tiny_checkpoint(family, tmp_path, **overrides)
+    plan, sequences = small_plan(lengths=(32,), batches=(8,)), random_sequences(np.random.default_rng(3), 5, 3, 30, 128)
+    scanned, unrolled = (scorer_for(tmp_path, "float32", plan, kernels=Kernels(unroll=unroll, batch_invariant=True))
+                         for unroll in (False, True))
+    np.testing.assert_allclose(unrolled.score(sequences, [1, 2]), scanned.score(sequences, [1, 2]), atol=1e-5, rtol=0)
 
 
 def shared_prefix_requests(seed: int, query: int = 34, items=(1, 3, 7, 5, 2, 6)) -> list[list[int]]:

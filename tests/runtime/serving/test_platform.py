@@ -72,7 +72,7 @@ def test_the_class_compiled_for_is_the_hosts_or_the_xla_cap_below_it():
 def test_the_cpu_dtype_is_the_formats_unless_set():
     amx = CpuFormat("amx", "bfloat16", "AMX")
     platform = resolve(load_settings(environ={}), backend="cpu", cpu=amx)
-    assert platform.dtype == "bfloat16" and platform.kernels.unroll and platform.cpu == amx
+    assert platform.dtype == "bfloat16" and not platform.kernels.unroll and platform.cpu == amx
     assert platform.describe().startswith("cpu: bfloat16 (CPU class amx: AMX), batch-invariant on")
     pinned = resolve(load_settings(environ={"SCOREFN_DTYPE": "float32"}), backend="cpu", cpu=amx)
     assert pinned.dtype == "float32" and pinned.cpu == CpuFormat("amx", "float32", "SCOREFN_DTYPE")
@@ -99,9 +99,9 @@ def test_batch_invariance_is_on_by_default_on_a_cpu_only():
     assert not invariant("cpu", SCOREFN_ATTENTION="cudnn")  # auto yields to an explicit choice it cannot run
 
 
-def test_cpu_bfloat16_unrolls_but_keeps_float32_attention():
+def test_cpu_bfloat16_keeps_float32_attention():
     kernels = resolve(load_settings(environ={"SCOREFN_DTYPE": "bfloat16"}), backend="cpu").kernels
-    assert kernels.unroll and kernels.attention_dtype == "float32"
+    assert not kernels.unroll and kernels.attention_dtype == "float32"
 
 
 @pytest.mark.parametrize("backend,attention", [("gpu", "cudnn"), ("tpu", "xla")])

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def model_dir(tiny_llama_dir):
     """What these tests count (compiles, stored and loaded executables) does not depend on the model's size; the
-    bfloat16 programs (the layer loop unrolled on a CPU) of two layers compile in a fraction of 30 layers' time."""
+    programs of two layers compile in a fraction of 30 layers' time."""
     return tiny_llama_dir
 
 
