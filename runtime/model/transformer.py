@@ -285,12 +285,12 @@ class Transformer(nnx.Module):
             return h, ((k[0], v[0]) if keep_kv else None)  # keep_kv only for a batch of one (and no context)
         context = (None, None) if ctx is None else ctx[:2]
         if self.kernels.unroll:  # a Python loop over each layer's own parameters
-            data, kept = self._layer_data(), []
+            data, layer_kvs = self._layer_data(), []
             for i, layer in enumerate(self.layers):
                 p = {name: value[...] for name, value in layer.items()} | {k: d[i] for k, d in data.items()}
                 h, kv = body(h, (p, jax.tree.map(lambda c: c[i], context)))
-                kept.append(kv)
-            kv = jax.tree.map(lambda *each: jnp.stack(each), *kept) if keep_kv else None
+                layer_kvs.append(kv)
+            kv = jax.tree.map(lambda *each: jnp.stack(each), *layer_kvs) if keep_kv else None
         else:
             layers = {name: value[...] for name, value in self.layers.items()} | self._layer_data()
             h, kv = jax.lax.scan(body, h, (layers, context))

@@ -100,12 +100,13 @@ def load_stored(settings: Settings, cfg: ModelConfig, store: ExecutableStore) ->
     """The executables the store holds for this model's start on this host, loaded from its config alone: a start
     deserializes them while its weights load (the fingerprint needs parameter shapes, not values). On a CPU: the
     set of this process's own feature class, whole or in part, else the first set of a lower class (which this host
-    runs) that the store holds whole: an image built on another CPU starts without compiling. Nothing (and no error) when the start would fail anyway; it fails in the real composition,
-    saying why. `store`: the one the start's scorer uses (a set that does not load is then logged once)."""
+    runs) that the store holds whole: an image built on another CPU starts without compiling. Nothing (and no
+    error) when the start would fail anyway; it fails in the real composition, saying why. `store`: the one the
+    start's scorer uses (a set that does not load is then logged once)."""
     try:
-        own = platforms.host_cpu_format() if platforms.current_backend() == "cpu" else None
+        own = platforms.host_cpu_format(settings.dtype) if platforms.current_backend() == "cpu" else None
         below = platforms.classes_below(own.feature_class) if own else ()
-        candidates = itertools.chain([own], map(platforms.cpu_format, below))  # formats decided as they are tried
+        candidates = itertools.chain([own], (platforms.cpu_format(c, dtype=settings.dtype) for c in below))
         for i, cpu in enumerate(candidates):
             scorer, _ = compose(settings, cfg, probe=False, quiet=True, store=store, cpu=cpu)
             keys = [(program.name, bucket) for program, bucket in scorer.plan.programs(cfg.task)]

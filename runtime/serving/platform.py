@@ -55,6 +55,7 @@ BF16_MATMUL_CLASSES = ("amx", "avx512_bf16")
 # 2026-11), so the margin keeps a noisy host from flipping the format between starts.
 BF16_MIN_SPEEDUP = 1.5
 CPUINFO = Path("/proc/cpuinfo")
+MAX_ISA = re.compile(r"--xla_cpu_max_isa=(\w+)")  # in XLA_FLAGS: the instruction set XLA:CPU compiles up to
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +99,7 @@ def compile_class(host: HostCpu | None = None, xla_flags: str | None = None) -> 
     instruction set (--xla_cpu_max_isa, as `scorefn warmup --cpu-class` sets it)."""
     host = host or host_cpu()
     flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
-    capped = re.search(r"--xla_cpu_max_isa=(\w+)", flags)
+    capped = MAX_ISA.search(flags)
     isa = capped.group(1).upper() if capped else None
     cap = next((name for name, _, name_isa in CPU_CLASSES if name_isa == isa), "baseline" if isa else None)
     if cap is None or not host.runs(cap):
@@ -146,10 +147,13 @@ def matmul_probe(rows: int = 256, width: int = 576, inner: int = 1536, repeats: 
 _probe_once = functools.cache(matmul_probe)  # a host's figures do not change while it runs
 
 
-def cpu_format(feature_class: str, probe: Callable[[], dict[str, float]] = _probe_once) -> CpuFormat:
+def cpu_format(feature_class: str, probe: Callable[[], dict[str, float]] = _probe_once,
+               dtype: str = "auto") -> CpuFormat:
     """bfloat16 where the class multiplies it in hardware and the probe (where the features alone do not decide)
-    finds it at least BF16_MIN_SPEEDUP faster; float32 elsewhere. `probe` is injectable: tests stand in other
-    hosts' figures."""
+    finds it at least BF16_MIN_SPEEDUP faster; float32 elsewhere; `dtype` (SCOREFN_DTYPE) when not auto, without
+    probing. `probe` is injectable: tests stand in other hosts' figures."""
+    if dtype != "auto":
+        return CpuFormat(feature_class, dtype, "SCOREFN_DTYPE")
     if feature_class not in BF16_MATMUL_CLASSES:
         return CpuFormat(feature_class, "float32", "no bfloat16 matrix instructions (bfloat16 would be emulated)")
     if feature_class == "amx":
@@ -162,9 +166,9 @@ def cpu_format(feature_class: str, probe: Callable[[], dict[str, float]] = _prob
                                           f"{BF16_MIN_SPEEDUP}x)")
 
 
-def host_cpu_format() -> CpuFormat:
+def host_cpu_format(dtype: str = "auto") -> CpuFormat:
     """This process's CpuFormat: the one of the class it compiles for (the probe runs at most once per process)."""
-    return cpu_format(compile_class())
+    return cpu_format(compile_class(), dtype=dtype)
 
 
 def classes_below(feature_class: str) -> tuple[str, ...]:
@@ -197,8 +201,8 @@ class Platform:
     def describe(self) -> str:
         k = self.kernels
         why = f" ({self.cpu.describe()})" if self.cpu else ""
-        return (f"{self.backend}: {self.dtype}{why}, batch-invariant {'on' if k.batch_invariant else 'off'}, layer loop "
-                f"{'unrolled' if k.unroll else 'scanned'}, attention "
+        return (f"{self.backend}: {self.dtype}{why}, batch-invariant {'on' if k.batch_invariant else 'off'}, "
+                f"layer loop {'unrolled' if k.unroll else 'scanned'}, attention "
                 f"{k.attention} in {k.attention_dtype}, matmul precision {k.matmul_precision or 'default'}, "
                 f"{self.layout.describe()}, completion batches {self.completion_batch_buckets}, labels "
                 f"{self.label_buckets}, at most {self.max_bucket_tokens} tokens per bucket, {self.rounds_in_flight} "
@@ -234,9 +238,10 @@ def resolve(settings: Settings, backend: str | None = None, data: int = 1, cpu: 
     accelerator = backend != "cpu"
     batches, suffix_batches, max_tokens, completion_batches = DEFAULT_BUCKETS["accelerator" if accelerator else "cpu"]
     if not accelerator:
-        cpu = cpu or host_cpu_format()
-        if settings.dtype != "auto":
-            cpu = CpuFormat(cpu.feature_class, settings.dtype, "SCOREFN_DTYPE")
+        if cpu is None:
+            cpu = host_cpu_format(settings.dtype)
+        elif settings.dtype != "auto":
+            cpu = cpu_format(cpu.feature_class, dtype=settings.dtype)
     dtype = settings.dtype if settings.dtype != "auto" else ("bfloat16" if accelerator else cpu.dtype)
     # Scanned everywhere: unrolled, the embedded model's default CPU buckets compiled in ~15 min instead of ~2 on 2
     # cores, for 67 against 76 ms on one item (and 526 against 459 on 32; bfloat16, Intel Xeon AMX, 2026-11-26).

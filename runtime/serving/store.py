@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import pickle
-import re
 import threading
 import zlib
 from pathlib import Path
@@ -27,7 +26,7 @@ from jax._src.custom_partitioning import _ShardingCallbackInfo  # see _without_p
 from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
 
-from runtime.serving.platform import backend_of, compile_class
+from runtime.serving.platform import MAX_ISA, backend_of, compile_class
 from runtime.serving.targets import library_versions
 
 log = logging.getLogger("scorefn.runtime")
@@ -215,7 +214,6 @@ def _source_digest() -> str:
 # Environment variables that do not shape a compiled program: the compile for a target runs with
 # JAX_PLATFORMS=cpu, the service without; allocator and cache settings only matter at run time.
 _RUNTIME_ONLY_ENV = ("JAX_PLATFORMS", "JAX_COMPILATION_CACHE_DIR", "XLA_PYTHON_CLIENT_")
-_MAX_ISA = re.compile(r"--xla_cpu_max_isa=\w+")
 
 
 def fingerprint_parts(model: nnx.Module, state: Any, devices: list, mesh_shape: tuple[int, ...],
@@ -243,7 +241,7 @@ def fingerprint_parts(model: nnx.Module, state: Any, devices: list, mesh_shape: 
 
 def _compile_env() -> list[tuple[str, str]]:
     """The JAX_/XLA_ variables that shape a compile; XLA_FLAGS without the ISA cap, which "cpu" already says."""
-    env = ((k, _MAX_ISA.sub("", v).strip()) for k, v in os.environ.items()
+    env = ((k, MAX_ISA.sub("", v).strip()) for k, v in os.environ.items()
            if k.startswith(("JAX_", "XLA_")) and not k.startswith(_RUNTIME_ONLY_ENV))
     return sorted((k, v) for k, v in env if v)
 

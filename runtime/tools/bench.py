@@ -291,7 +291,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.skip_torch:
         # On a CPU without bfloat16 instructions PyTorch's bfloat16 runs ~5x slower than float32: not what a user
         # would run there, so only float32.
-        bf16 = cpu.flags & {"avx512_bf16", "amx_bf16"}
+        bf16 = cpu.feature_class in platforms.BF16_MATMUL_CLASSES
         dtypes = ("bfloat16",) if accelerator else ("bfloat16", "float32") if bf16 else ("float32",)
         baselines = {dt: TorchScorer(model_dir, dt, pad_id=0) for dt in dtypes}
 

@@ -51,6 +51,8 @@ def test_the_cpu_format_follows_the_matrix_instructions_and_the_probe():
     faster = cpu_format("avx512_bf16", lambda: {"float32": 300.0, "bfloat16": 900.0})
     assert faster.dtype == "bfloat16" and "300 GFLOP/s float32, 900 bfloat16 (3.00x" in faster.reason
     assert cpu_format("avx512_bf16", lambda: {"float32": 300.0, "bfloat16": 400.0}).dtype == "float32"
+    # SCOREFN_DTYPE decides without probing
+    assert cpu_format("avx512_bf16", no_probe, dtype="float32") == CpuFormat("avx512_bf16", "float32", "SCOREFN_DTYPE")
 
 
 def test_the_matmul_probe_measures_both_formats():
