@@ -36,8 +36,9 @@ class ClassifyJob:
     label_ids: list[int]  # the classifier's
     classifier: Classifier
     use_activation: bool
-    model: str  # the classifier's id, answered as `model`
+    model: str  # the classifier's id (or the LoRA adapter's name), answered as `model`
     n_tokens: int  # usage.prompt_tokens
+    adapter: str | None = None  # the LoRA adapter it runs with (None: the base model)
 
 
 def validate_classify_request(request: schemas.ClassifyRequest, engine: ScoringEngine,
@@ -48,12 +49,13 @@ def validate_classify_request(request: schemas.ClassifyRequest, engine: ScoringE
     optional(request.user, str, "user", None)
     optional(request.rid, str, "rid", None)
     optional(request.priority, int, "priority", None)
-    classifier = _classifier(request.model, engine)
+    classifier, adapter = _classifier(request.model, engine)
 
     check_count(len(inputs), settings.max_items, "input")
     sequences = [_prompt(index, value, classifier, engine, keep) for index, value in enumerate(inputs)]
     n_tokens = check_total_tokens(sequences, settings.max_total_tokens, "prompts", "input")
-    return ClassifyJob(sequences, list(classifier.label_ids), classifier, use_activation, classifier.name, n_tokens)
+    return ClassifyJob(sequences, list(classifier.label_ids), classifier, use_activation, adapter or classifier.name,
+                       n_tokens, adapter)
 
 
 def classify_response(job: ClassifyJob, result: ScoreResult, engine: ScoringEngine) -> schemas.ClassifyResponse:
@@ -92,6 +94,11 @@ def model_cards(engine: ScoringEngine, created: int) -> list[schemas.ModelCard]:
         for c in engine.classifiers]
 
 
+def adapter_cards(engine: ScoringEngine, created: int) -> list[schemas.ModelCard]:
+    """GET /v1/models: each LoRA adapter, with the served model as its parent."""
+    return [schemas.ModelCard(id=name, created=created, parent=engine.model_id, task="lora") for name in engine.adapters]
+
+
 # ---- fields ---------------------------------------------------------------------------------------------
 
 def _truncation(raw: msgspec.Raw, max_length: int) -> int | None:
@@ -107,8 +114,8 @@ def _truncation(raw: msgspec.Raw, max_length: int) -> int | None:
     return value
 
 
-def _classifier(raw: msgspec.Raw, engine: ScoringEngine) -> Classifier:
-    return select_named(raw, engine.classifiers, engine.model_id, "classifier", "declare a prompt-verbalizer "
+def _classifier(raw: msgspec.Raw, engine: ScoringEngine) -> tuple[Classifier, str | None]:
+    return select_named(raw, engine.classifiers, engine, "classifier", "declare a prompt-verbalizer "
                         "classifier in SCOREFN_CLASSIFIERS (see docs/api/classify.md).")
 
 

@@ -50,6 +50,7 @@ class CompletionJob:
     stop: tuple[str, ...]
     model: str
     n_tokens: int  # usage.prompt_tokens
+    adapter: str | None = None  # the LoRA adapter `model` names (None: the base model)
 
 
 def validate_completion_request(request: schemas.CompletionRequest, engine: ScoringEngine,
@@ -74,7 +75,7 @@ def validate_completion_request(request: schemas.CompletionRequest, engine: Scor
     for penalty in ("presence_penalty", "frequency_penalty"):  # they cannot change a first token
         _bounded(getattr(request, penalty), float, penalty, 0.0, -2.0, 2.0)
     optional(request.user, str, "user", None)
-    model = served_model(request.model, engine.model_id)
+    model, adapter = served_model(request.model, engine)
 
     check_count(len(prompts), settings.max_items, "prompt")
     texts = list(prompts) if isinstance(prompts[0], str) else None
@@ -83,12 +84,12 @@ def validate_completion_request(request: schemas.CompletionRequest, engine: Scor
     # Without a seed each prompt draws from a fresh generator; with one, the same seed for each prompt.
     seeds = [seed if seed is not None else random.getrandbits(32) for _ in sequences]
     sampling = [Sampling(temperature, s) for s in seeds]
-    return CompletionJob(sequences, sampling, texts, max_tokens, echo, logprobs, stop, model, n_tokens)
+    return CompletionJob(sequences, sampling, texts, max_tokens, echo, logprobs, stop, model, n_tokens, adapter)
 
 
 def submit_prompts(engine: ScoringEngine, job: CompletionJob, deadline: float,
                    request_id: str) -> concurrent.futures.Future:
-    return engine.submit_logprobs(job.sequences, job.sampling, deadline, request_id=request_id)
+    return engine.submit_logprobs(job.sequences, job.sampling, deadline, request_id=request_id, adapter=job.adapter)
 
 
 def completion_response(job: CompletionJob, result: TokenLogprobsResult,

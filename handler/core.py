@@ -21,7 +21,7 @@ import time
 import msgspec
 
 from handler import schemas
-from handler.classify import CLASSIFY, model_cards
+from handler.classify import CLASSIFY, adapter_cards, model_cards
 from handler.completions import COMPLETIONS
 from handler.errors import ApiError, internal_error
 from handler.http import (HttpRequest, HttpResponse, PendingScore, Scoring, ValidatedRequest, error_response,
@@ -223,7 +223,8 @@ class ScoringCore:
     def _models(self) -> HttpResponse:
         if self.engine is None:
             raise ApiError("server_not_ready", "The model is loading; retry shortly.")
-        cards = reranker_cards(self.engine, model_cards(self.engine, self._started_at), self._started_at)
+        cards = reranker_cards(self.engine, model_cards(self.engine, self._started_at), self._started_at) + \
+            adapter_cards(self.engine, self._started_at)
         # The served model's card says whether its scores are batch-invariant (its classifiers' and rerankers' too)
         # and the number format they are computed in.
         cards[0] = msgspec.structs.replace(cards[0], batch_invariant=self.engine.batch_invariant,

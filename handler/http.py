@@ -58,7 +58,7 @@ class Scoring:
 
 def submit_labels(engine: ScoringEngine, job: Any, deadline: float, request_id: str) -> concurrent.futures.Future:
     """Score the job's label tokens after each of its sequences (/v1/score, /v1/classify, /v1/rerank)."""
-    return engine.submit(job.sequences, job.label_ids, deadline, request_id=request_id)
+    return engine.submit(job.sequences, job.label_ids, deadline, request_id=request_id, adapter=job.adapter)
 
 
 @dataclasses.dataclass(frozen=True)

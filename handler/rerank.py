@@ -38,8 +38,9 @@ class RerankJob:
     documents: list[str]  # as given (returned with return_documents)
     top_n: int
     return_documents: bool
-    model: str  # the reranker's id, answered as `model`
+    model: str  # the reranker's id (or the LoRA adapter's name), answered as `model`
     n_tokens: int  # usage.prompt_tokens
+    adapter: str | None = None  # the LoRA adapter it runs with (None: the base model)
 
 
 def validate_rerank_request(request: schemas.RerankRequest, engine: ScoringEngine, settings: Settings) -> RerankJob:
@@ -48,14 +49,14 @@ def validate_rerank_request(request: schemas.RerankRequest, engine: ScoringEngin
     top_n = _positive(request.top_n, "top_n", len(documents))
     return_documents = optional(request.return_documents, bool, "return_documents", True)
     max_tokens = _positive(request.max_tokens_per_doc, "max_tokens_per_doc", None)
-    reranker = _reranker(request.model, engine)
+    reranker, adapter = _reranker(request.model, engine)
 
     check_count(len(documents), settings.max_items, "documents")
     sequences = [_pair(index, query, document, reranker, engine, max_tokens)
                  for index, document in enumerate(documents)]
     n_tokens = check_total_tokens(sequences, settings.max_total_tokens, "query-document pairs", "documents")
     return RerankJob(sequences, list(reranker.label_ids), reranker, documents, min(top_n, len(documents)),
-                     return_documents, reranker.name, n_tokens)
+                     return_documents, adapter or reranker.name, n_tokens, adapter)
 
 
 def relevance(values: np.ndarray, reranker: Reranker) -> np.ndarray:
@@ -118,8 +119,8 @@ def _positive(raw: msgspec.Raw, name: str, default: Any) -> Any:
     return value
 
 
-def _reranker(raw: msgspec.Raw, engine: ScoringEngine) -> Reranker:
-    return select_named(raw, engine.rerankers, engine.model_id, "reranker", "declare one in SCOREFN_RERANKERS, or "
+def _reranker(raw: msgspec.Raw, engine: ScoringEngine) -> tuple[Reranker, str | None]:
+    return select_named(raw, engine.rerankers, engine, "reranker", "declare one in SCOREFN_RERANKERS, or "
                         "serve a one-label sequence-classification model (see docs/api/rerank.md).")
 
 

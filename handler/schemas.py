@@ -256,9 +256,10 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
     # (SCOREFN_BATCH_INVARIANT; its classifiers and rerankers run on it).
     batch_invariant: bool | msgspec.UnsetType = msgspec.UNSET
     dtype: str | msgspec.UnsetType = msgspec.UNSET  # the served model only: the number format scores are computed in
-    # Classifiers and rerankers only (GET /v1/models lists the served model, each classifier, each reranker):
-    parent: str | msgspec.UnsetType = msgspec.UNSET  # the served model a verbalizer classifier or reranker runs on
-    task: str | msgspec.UnsetType = msgspec.UNSET  # "classify" or "rerank"
+    # Classifiers, rerankers and LoRA adapters only (GET /v1/models lists the served model, each classifier, each
+    # reranker, each adapter):
+    parent: str | msgspec.UnsetType = msgspec.UNSET  # the served model a classifier, reranker or adapter runs on
+    task: str | msgspec.UnsetType = msgspec.UNSET  # "classify", "rerank" or "lora"
     labels: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 

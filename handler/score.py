@@ -34,6 +34,7 @@ class ScoreJob:
     apply_softmax: bool
     model: str
     n_tokens: int  # sum of the sequence lengths (usage.prompt_tokens)
+    adapter: str | None = None  # the LoRA adapter `model` names (None: the base model)
 
 
 def validate_score_request(request: schemas.ScoreRequest, engine: ScoringEngine, settings: Settings) -> ScoreJob:
@@ -44,13 +45,13 @@ def validate_score_request(request: schemas.ScoreRequest, engine: ScoringEngine,
     label_ids = _labels(request.label_token_ids, vocab_size)
     apply_softmax = optional(request.apply_softmax, bool, "apply_softmax", False)
     item_first = optional(request.item_first, bool, "item_first", False)
-    model = served_model(request.model, engine.model_id)
+    model, adapter = served_model(request.model, engine)
 
     check_count(len(items), settings.max_items, "items")
     check_count(len(label_ids), settings.max_labels, "label_token_ids", "too_many_labels")
     sequences = _sequences(query, items, item_first, engine)
     n_tokens = check_total_tokens(sequences, settings.max_total_tokens, "sequences", "items")
-    return ScoreJob(sequences, label_ids, apply_softmax, model, n_tokens)
+    return ScoreJob(sequences, label_ids, apply_softmax, model, n_tokens, adapter)
 
 
 def score_response(job: ScoreJob, result: ScoreResult, engine: ScoringEngine) -> schemas.ScoreResponse:

@@ -173,31 +173,40 @@ def decode_inputs(raw: msgspec.Raw, name: str, vocab_size: int, purpose: str,
     return inputs, is_list
 
 
-def served_model(raw: msgspec.Raw, model_id: str) -> str:
-    """`model`: absent, null or the served model's id; anything else is model_not_found."""
+def served_model(raw: msgspec.Raw, engine: ScoringEngine) -> tuple[str, str | None]:
+    """`model`: absent, null or the served model's id (the base model), or a LoRA adapter's name; anything else is
+    model_not_found. Returns (the name answered as `model`, the adapter or None)."""
     model = optional(raw, str, "model", None)
-    if model is None:
-        return model_id
-    if model != model_id:
-        shown = model if len(model) <= _SHOWN_CHARS else model[:_SHOWN_CHARS] + "..."
-        raise ApiError("model_not_found", f"Model '{shown}' not found. Available models: ['{model_id}']", "model")
-    return model
+    if model is None or model == engine.model_id:
+        return engine.model_id, None
+    if model in engine.adapters:
+        return model, model
+    raise ApiError("model_not_found", f"Model '{_shown(model)}' not found. Available models: "
+                   f"{[engine.model_id, *engine.adapters]}", "model")
 
 
-def select_named(raw: msgspec.Raw, choices: tuple, model_id: str, kind: str, missing: str) -> Any:
-    """`model` naming one of `choices` (classifiers, rerankers; each has a `.name`): absent, null or the served
-    model's own id select the first. `missing` says how to get one when there is none (model_not_supported)."""
-    name = optional(raw, str, "model", None)
+def select_named(raw: msgspec.Raw, choices: tuple, engine: ScoringEngine, kind: str,
+                 missing: str) -> tuple[Any, str | None]:
+    """`model` naming one of `choices` (classifiers, rerankers; each has a `.name`), or a LoRA adapter (the first
+    choice, run with it): absent, null or the served model's own id select the first. `missing` says how to get one
+    when there is none (model_not_supported). Returns (the choice, the adapter or None)."""
+    name, model_id = optional(raw, str, "model", None), engine.model_id
     if not choices:
         raise ApiError("model_not_supported", f"The served model '{model_id}' has no {kind}: {missing}")
     if name is None or (name == model_id and name not in (c.name for c in choices)):
-        return choices[0]
+        return choices[0], None
     for choice in choices:
         if choice.name == name:
-            return choice
-    shown = name if len(name) <= _SHOWN_CHARS else name[:_SHOWN_CHARS] + "..."
-    raise ApiError("model_not_found", f"Model '{shown}' not found. Available {kind}s: {[c.name for c in choices]}",
-                   "model")
+            return choice, None
+    if name in engine.adapters:
+        return choices[0], name
+    adapters = f" and LoRA adapters: {list(engine.adapters)}" if engine.adapters else ""
+    raise ApiError("model_not_found", f"Model '{_shown(name)}' not found. Available {kind}s: "
+                   f"{[c.name for c in choices]}{adapters}", "model")
+
+
+def _shown(name: str) -> str:
+    return name if len(name) <= _SHOWN_CHARS else name[:_SHOWN_CHARS] + "..."
 
 
 def check_sequence(sequence: list[int], where: str, what: str, param: str, engine: ScoringEngine,

@@ -101,6 +101,7 @@ class ScoringEngine(Protocol):
     classifiers: tuple[Classifier, ...]  # what /v1/classify serves, the first one by default (known once ready)
     rerankers: tuple[Reranker, ...]  # what /v1/rerank serves, the first one by default (known once ready)
     batch_invariant: bool  # scores' bits never depend on what is batched with them (known once ready)
+    adapters: tuple[str, ...]  # the LoRA adapters served beside the base model, by name (known once ready)
     # The platform's choices as labels (known once ready; empty before): backend, dtype, and on a CPU its model,
     # the feature class compiled for and why the dtype (/metrics scorefn_platform_info, /v1/models)
     platform_info: dict[str, str]
@@ -115,17 +116,19 @@ class ScoringEngine(Protocol):
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def submit(self, sequences: list[list[int]], label_ids: list[int], deadline: float | None = None,
-               request_id: str | None = None) -> concurrent.futures.Future[ScoreResult]:
+               request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future[ScoreResult]:
         """Queue sequences for scoring; raises QueueFull at once when the engine refuses more work (the request's
         predicted wait for the device is over SCOREFN_MAX_WAIT_S, or the queue is full).
 
         `deadline` is a time.monotonic() value after which the work is dropped (DeadlineExceeded).
         `request_id` names the request in the engine's logs (e.g. when its device batch fails).
+        `adapter`: the LoRA adapter to score with, one of `adapters` (None: the base model).
         Every sequence is non-empty and no longer than max_sequence_length; every ID is in range.
         """
 
     def submit_logprobs(self, sequences: list[list[int]], sampling: list[Sampling], deadline: float | None = None,
-                        request_id: str | None = None) -> concurrent.futures.Future[TokenLogprobsResult]:
+                        request_id: str | None = None, adapter: str | None = None
+                        ) -> concurrent.futures.Future[TokenLogprobsResult]:
         """Queue sequences for per-position log-probabilities (one Sampling per sequence); as submit() otherwise.
         Only a causal LM (task "causal_lm") computes them."""
 

@@ -147,6 +147,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rerankers", "", str,
             "TOML file declaring /v1/rerank rerankers. Empty: the built-in relevance reranker (a one-label "
             "sequence-classification model: the model itself)."),
+    Setting("lora_adapters", "", str,
+            "LoRA adapters to serve beside the base model, as name=path,... (each a local directory in PEFT's "
+            "format: adapter_config.json and adapter_model.safetensors). A request selects one with \"model\": "
+            "\"<name>\"; one device batch mixes adapters and the base."),
+    Setting("max_loras", "0", int,
+            "Adapter slots compiled into every program. 0: as many as SCOREFN_LORA_ADAPTERS names. Set it (and "
+            "SCOREFN_MAX_LORA_RANK) to keep the stored executables when the adapters change."),
+    Setting("max_lora_rank", "16", int,
+            "Highest LoRA rank served: every adapter is padded to it (the compiled shapes); a higher one fails the "
+            "start."),
     Setting("mesh", "", str,
             "Device mesh as DATAxMODEL (e.g. 1x4). Empty: all local devices on the data axis. auto batch "
             "buckets round up to multiples of DATA; explicit ones must be multiples."),
@@ -192,6 +202,9 @@ class Settings:
     drain_grace_s: float
     classifiers: str
     rerankers: str
+    lora_adapters: str
+    max_loras: int
+    max_lora_rank: int
     mesh: str
     log_level: str
     log_requests_debug: bool

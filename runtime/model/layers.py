@@ -50,11 +50,12 @@ def rope_tables(positions: jax.Array, inv_freq: jax.Array, scaling: float = 1.0)
     return (cos, sin) if scaling == 1.0 else (cos * scaling, sin * scaling)
 
 
-def gated_mlp(x: jax.Array, p: dict, activation: str) -> jax.Array:
-    """down(act(gate(x)) * up(x)): SwiGLU (silu) or GeGLU (gelu tanh); x [B, T, D] -> [B, T, D] float32."""
-    gate = dense(x, p["w_gate"], p.get("b_gate"))
-    up = dense(x, p["w_up"], p.get("b_up"))
-    return dense(ACTIVATIONS[activation](gate) * up, p["w_down"], p.get("b_down"))
+def gated_mlp(x: jax.Array, p: dict, activation: str, project: Callable | None = None) -> jax.Array:
+    """down(act(gate(x)) * up(x)): SwiGLU (silu) or GeGLU (gelu tanh); x [B, T, D] -> [B, T, D] float32.
+    `project(x, name)`: how a projection runs (default: dense with its bias; the transformer adds LoRA updates)."""
+    project = project or (lambda x, name: dense(x, p[name], p.get("b" + name[1:])))
+    gate, up = project(x, "w_gate"), project(x, "w_up")
+    return project(ACTIVATIONS[activation](gate) * up, "w_down")
 
 
 def routed_experts(x: jax.Array, p: dict, activation: str, top_k: int, normalize: bool,

@@ -134,6 +134,10 @@ class Transformer(nnx.Module):
         self.local_inv_freq = None if local_table is None else nnx.Variable(
             jnp.asarray(local_table if local_table.shape[0] > 1 else local_table[0], dtype=F32))
         self.rope_length_limit = rope_length_limit(cfg, length)
+        # LoRA adapters (runtime.model.lora): which adapter (1..S) each column of the stacked updates belongs to;
+        # None without adapters (every program's `adapters` argument is then ignored).
+        columns = arrays.get("lora_columns")
+        self.lora_columns = None if columns is None else nnx.Variable(jnp.asarray(columns, jnp.int32))
 
     def _layer_data(self) -> dict[str, jax.Array]:
         """What differs between layers besides weights, as arrays the scan reads with each layer: the attention
@@ -148,31 +152,31 @@ class Transformer(nnx.Module):
 
     # ---- one decoder layer (the scan body) -------------------------------------------------------
 
-    def _layer(self, h, p, rope, ctx=None, rows=None):
+    def _layer(self, h, p, rope, ctx=None, rows=None, lora=None):
         """h [B, T, D] float32 -> (h, (k, v)); with a context (ctx_k, ctx_v [C, K, E], ctx_len, positions [B, T]),
         the queries also attend the context's first ctx_len keys; with an attention.Packed, each row holds several
         sequences (see _attend). `rope`: (cos, sin) [B, T, R], and the local (cos, sin) or None.
         `rows`: (B, T) when h is the batch-invariant stream of their tokens [1, M, D] (invariant.flatten): all but
-        attention run on the stream (`rope` too), attention on the rows."""
+        attention run on the stream (`rope` too), attention on the rows. `lora`: each token's mask of the stacked
+        LoRA columns (_lora_mask), or None."""
         stream = rows is not None
-        q, k, v = self._project(h, p, stream)
+        q, k, v = self._project(h, p, stream, lora)
         q, k = self._heads(q, k, p, rope, stream)
         if stream:
             q, k, v = (invariant.unflatten(a, rows) for a in (q, k, v))
         out = self._attend(q, k, v, p, ctx, stream)
         if stream:
             out = invariant.flatten(out, h.shape[1])
-        return self._finish(h, out, p, stream), (k, v)
+        return self._finish(h, out, p, stream, lora), (k, v)
 
-    def _project(self, h, p, stream: bool):
+    def _project(self, h, p, stream: bool, lora=None):
         """The attention's projections: h [B, T, D] -> q [B, T, N * E], k [B, T, K * E] float32 (to be normed and
         rotated by _heads), v [B, T, K, E] in the attention dtype. `stream`: h is the batch-invariant stream."""
         cfg = self.cfg
         B, T, _ = h.shape
         x = self._norm(h, p["attn_norm"], stream) if cfg.pre_norms else h
-        q = dense(x, p["wq"], p.get("bq"))
-        k = dense(x, p["wk"], p.get("bk"))
-        v = dense(x, p["wv"], p.get("bv")).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+        q, k = self._dense(x, p, "wq", lora), self._dense(x, p, "wk", lora)
+        v = self._dense(x, p, "wv", lora).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
         return q, k, v.astype(self.attention_dtype)
 
     def _heads(self, q, k, p, rope, stream: bool):
@@ -209,20 +213,41 @@ class Transformer(nnx.Module):
         return (rms_norm(q_heads, p["q_norm"], cfg.rms_norm_eps).reshape(q.shape),
                 rms_norm(k_heads, p["k_norm"], cfg.rms_norm_eps).reshape(k.shape))
 
-    def _finish(self, h, out, p, stream: bool):
+    def _finish(self, h, out, p, stream: bool, lora=None):
         """After attention: out [B, T, N, E] projected and added to h [B, T, D], then the MLP (or experts).
         `stream`: h is the batch-invariant stream (its norms and router in fixed tiles of tokens)."""
         cfg = self.cfg
         B, T, _ = h.shape
-        out = dense(out.reshape(B, T, cfg.num_heads * cfg.head_dim), p["wo"], p.get("bo"))
+        out = self._dense(out.reshape(B, T, cfg.num_heads * cfg.head_dim), p, "wo", lora)
         h = self._residual(h, out, p.get("attn_post_norm"), stream)
         x = self._norm(h, p["mlp_norm"], stream) if cfg.pre_norms else h
         if cfg.num_experts:
             y = routed_experts(x, p, cfg.activation, cfg.experts_per_token, cfg.norm_topk_prob,
                                route=invariant.tokenwise if stream else None)
         else:
-            y = gated_mlp(x, p, cfg.activation)
+            y = gated_mlp(x, p, cfg.activation, lambda x, name: self._dense(x, p, name, lora))
         return self._residual(h, y, p.get("mlp_post_norm"), stream)
+
+    @staticmethod
+    def _dense(x, p, name: str, lora):
+        """x @ p[name] (+ its bias: bq for wq, b_gate for w_gate), plus each token's LoRA update where the model
+        has adapters: ((x @ A_all) * mask) @ B_all over every adapter's columns at once (runtime.model.lora); the
+        columns of other adapters add exact zeros, so a token's result does not depend on its neighbours'."""
+        y = dense(x, p[name], p.get("b" + name[1:]))
+        if lora is None or f"lora_a_{name}" not in p:
+            return y
+        return y + dense(dense(x, p[f"lora_a_{name}"]) * lora, p[f"lora_b_{name}"])
+
+    def _lora_mask(self, adapters, shape: tuple[int, int], stream: int | None):
+        """Each token's mask [B, T, S * R] (or [1, M, S * R] on the batch-invariant stream) of the LoRA columns of
+        its adapter: `adapters` per row [B] or per token [R, W] (packed rows), 0 for the base model (no column).
+        None without adapters."""
+        if self.lora_columns is None or adapters is None:
+            return None
+        per_token = jnp.broadcast_to(adapters[:, None], shape) if adapters.ndim == 1 else adapters
+        if stream is not None:
+            per_token = invariant.flatten(per_token, stream)  # the stream's padding tokens: 0, the base
+        return (per_token[..., None] == self.lora_columns[...]).astype(F32)
 
     def _norm(self, x, weight, stream: bool):
         """RMSNorm of x [B, T, D]; on the batch-invariant stream [1, M, D] over fixed tiles of tokens (over all of
@@ -255,9 +280,10 @@ class Transformer(nnx.Module):
             branch = branch * self.cfg.residual_scale
         return h + branch
 
-    def _run_layers(self, tokens, positions, ctx=None, keep_kv=False, lengths=None, segments=None):
+    def _run_layers(self, tokens, positions, ctx=None, keep_kv=False, lengths=None, segments=None, adapters=None):
         """`lengths`: each row's length [B] (or each token's sequence length [R, W] in packed rows), for RoPE
-        types whose frequencies depend on it (None: the first row). `segments` [R, W]: packed rows."""
+        types whose frequencies depend on it (None: the first row). `segments` [R, W]: packed rows. `adapters`:
+        each row's LoRA adapter [B] (or each token's [R, W]; 0: the base model)."""
         B, T = tokens.shape
         tiled = self.kernels.batch_invariant and segments is None  # packed rows: not invariant yet
         rows = (B, T) if tiled else None  # the layers on one stream of tokens [1, M, D] (invariant)
@@ -268,6 +294,7 @@ class Transformer(nnx.Module):
             h = invariant.flatten(h)
         tokens_of_stream = h.shape[1] if tiled else None
         rope = self._rope(positions, self.inv_freq[...], lengths, self.rope_scaling, tokens_of_stream)
+        lora = self._lora_mask(adapters, (B, T), tokens_of_stream)
         local = None
         if self.local_inv_freq is not None:
             local = self._rope(positions, self.local_inv_freq[...], lengths, self.local_rope_scaling,
@@ -281,7 +308,7 @@ class Transformer(nnx.Module):
             else:
                 attend = (*kv, ctx[2], positions) if segments is None else \
                     attention.Packed(segments, positions, (*kv, ctx[2]))
-            h, (k, v) = self._layer(h, p, (rope, local), attend, rows)
+            h, (k, v) = self._layer(h, p, (rope, local), attend, rows, lora)
             return h, ((k[0], v[0]) if keep_kv else None)  # keep_kv only for a batch of one (and no context)
         context = (None, None) if ctx is None else ctx[:2]
         if self.kernels.unroll:  # a Python loop over each layer's own parameters
@@ -321,34 +348,37 @@ class Transformer(nnx.Module):
 
     # ---- entry points (each jitted per shape bucket by runtime.serving.executables) --------------------------
 
-    def hidden(self, tokens: jax.Array, last_index: jax.Array) -> jax.Array:
-        """tokens [B, T] right-padded, last_index [B] -> final-normed hidden state there [B, D] float32."""
+    def hidden(self, tokens: jax.Array, last_index: jax.Array, adapters: jax.Array) -> jax.Array:
+        """tokens [B, T] right-padded, last_index [B], each row's LoRA adapter [B] (0: the base model) ->
+        final-normed hidden state there [B, D] float32."""
         B, T = tokens.shape
-        h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)), lengths=last_index + 1)
+        h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)), lengths=last_index + 1,
+                                adapters=adapters)
         return self._pool(h, last_index)
 
-    def prefill_context(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """tokens [1, C] right-padded -> rotated keys and values of every layer, each [Layers, C, K, E] in the
-        attention dtype."""
+    def prefill_context(self, tokens: jax.Array, adapters: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """tokens [1, C] right-padded, their LoRA adapter [1] -> rotated keys and values of every layer, each
+        [Layers, C, K, E] in the attention dtype."""
         _, C = tokens.shape
-        _, (k, v) = self._run_layers(tokens, jnp.arange(C)[None], keep_kv=True)
+        _, (k, v) = self._run_layers(tokens, jnp.arange(C)[None], keep_kv=True, adapters=adapters)
         return k, v
 
-    def hidden_after_context(self, ctx_k, ctx_v, ctx_len, tokens, last_index) -> jax.Array:
+    def hidden_after_context(self, ctx_k, ctx_v, ctx_len, tokens, last_index, adapters) -> jax.Array:
         """Score continuations of a shared prefix: tokens [B, T] start at position ctx_len and attend to
-        the first ctx_len context keys (ctx_k, ctx_v [Layers, C, K, E]) plus their own causal keys.
-        Returns [B, D] float32."""
+        the first ctx_len context keys (ctx_k, ctx_v [Layers, C, K, E]) plus their own causal keys; each row's LoRA
+        adapter [B] (the context's own). Returns [B, D] float32."""
         B, T = tokens.shape
         positions = ctx_len + jnp.broadcast_to(jnp.arange(T), (B, T))
-        h, _ = self._run_layers(tokens, positions, (ctx_k, ctx_v, ctx_len))
+        h, _ = self._run_layers(tokens, positions, (ctx_k, ctx_v, ctx_len), adapters=adapters)
         return self._pool(h, last_index)
 
     def hidden_packed(self, tokens: jax.Array, positions: jax.Array, segments: jax.Array,
-                      last_index: jax.Array) -> jax.Array:
+                      last_index: jax.Array, adapters: jax.Array) -> jax.Array:
         """Several whole sequences per row (runtime.serving.packed): tokens, positions (from 0 in each sequence)
-        and segments (-1: padding) [R, W]; last_index [M]: flat indices into R * W of each sequence's last token.
-        Returns the final-normed hidden states there [M, D] float32."""
-        h, _ = self._run_layers(tokens, positions, lengths=self._packed_lengths(segments), segments=segments)
+        and segments (-1: padding) [R, W]; last_index [M]: flat indices into R * W of each sequence's last token;
+        each token's LoRA adapter [R, W]. Returns the final-normed hidden states there [M, D] float32."""
+        h, _ = self._run_layers(tokens, positions, lengths=self._packed_lengths(segments), segments=segments,
+                                adapters=adapters)
         return self._pool_flat(h, last_index)
 
     def _packed_lengths(self, segments: jax.Array) -> jax.Array | None:
@@ -360,10 +390,10 @@ class Transformer(nnx.Module):
         return jnp.sum(segments[:, :, None] == segments[:, None, :], axis=-1, dtype=jnp.int32)
 
     def hidden_packed_after_context(self, ctx_k, ctx_v, ctx_len, tokens, positions, segments,
-                                    last_index) -> jax.Array:
+                                    last_index, adapters) -> jax.Array:
         """Continuations of a shared prefix packed into rows: as hidden_packed, with positions from ctx_len, and
         every token also attends the context's first ctx_len keys (ctx_k, ctx_v [Layers, C, K, E])."""
-        h, _ = self._run_layers(tokens, positions, (ctx_k, ctx_v, ctx_len), segments=segments)
+        h, _ = self._run_layers(tokens, positions, (ctx_k, ctx_v, ctx_len), segments=segments, adapters=adapters)
         return self._pool_flat(h, last_index)
 
     def _pool_flat(self, h: jax.Array, last_index: jax.Array) -> jax.Array:
@@ -396,11 +426,12 @@ class Transformer(nnx.Module):
         label_logits = self._final_logits(jnp.sum(hidden[:, None, :] * jnp.take(head, labels, axis=0), axis=-1))
         return label_logits - jax.nn.logsumexp(logits, axis=1, keepdims=True)
 
-    def token_logprobs(self, tokens: jax.Array, lengths: jax.Array, temperature: jax.Array, seed: jax.Array):
+    def token_logprobs(self, tokens: jax.Array, lengths: jax.Array, temperature: jax.Array, seed: jax.Array,
+                       adapters: jax.Array):
         """Every position's next-token distribution, read without materializing [B, T, V] logits at once.
 
         tokens [B, T] right-padded, lengths [B]; per row a sampling temperature [B] (0: the most likely token)
-        and seed [B] (uint32). Returns
+        and seed [B] (uint32) and LoRA adapter [B] (0: the base model). Returns
           next_logprobs [B, T]: log P(tokens[t + 1]) after position t (meaningless at t >= length - 1),
           top_ids, top_logprobs [B, T, TOP_K]: the most likely next tokens after each position, best first,
           next_id, next_logprob [B]: the token chosen after the whole row, and its log-probability.
@@ -408,7 +439,7 @@ class Transformer(nnx.Module):
         float32 logits (batch-invariant kernels: fixed tiles of positions); a chosen token's log-probability and its
         top-k entry are the same float."""
         B, T = tokens.shape
-        h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)), lengths=lengths)
+        h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)), lengths=lengths, adapters=adapters)
         head = self._vocab_head()  # [V, D]
         targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1), tokens.dtype)], axis=1)  # next token [B, T]
 

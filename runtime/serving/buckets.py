@@ -90,14 +90,18 @@ class Chunk(DeviceBatch):
     def padded_tokens(self) -> int:
         return self.head_batch * self.length
 
-    def arrays(self, sequences: Sequence[Sequence[int]], start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Right-padded tokens [batch, length] and each row's last real position [batch] (padding rows: 0)."""
+    def arrays(self, sequences: Sequence[Sequence[int]], adapters: Sequence[int],
+               start: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Right-padded tokens [batch, length], each row's last real position [batch] and LoRA adapter [batch]
+        (padding rows: 0)."""
         tokens = np.zeros((self.head_batch, self.length), np.int32)
         last = np.zeros((self.head_batch,), np.int32)
+        adapter = np.zeros((self.head_batch,), np.int32)
         for r, i in enumerate(self.members):
             tokens[r, : len(sequences[i])] = sequences[i]
             last[r] = len(sequences[i]) - 1
-        return tokens, last
+            adapter[r] = adapters[i]
+        return tokens, last, adapter
 
 
 def chunks(lengths: list[int], length_buckets: tuple[int, ...], batch_buckets: tuple[int, ...], max_tokens: int,

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from runtime.model import lora
 from runtime.model.config import ModelConfig
 from runtime.model.transformer import Transformer
 from runtime.model.weights import array_shapes
@@ -49,12 +50,14 @@ def executable_store(settings: Settings) -> ExecutableStore:
 
 def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] | None = None, *,
             devices: Sequence[Any] | None = None, lazy: bool = False, probe: bool = True, quiet: bool = False,
-            store: ExecutableStore | None = None,
-            cpu: platforms.CpuFormat | None = None) -> tuple[Scorer, platforms.Platform]:
+            store: ExecutableStore | None = None, cpu: platforms.CpuFormat | None = None,
+            adapters: Sequence[lora.Adapter] = ()) -> tuple[Scorer, platforms.Platform]:
     """(Scorer, Platform) for this model on these devices (default: this host's). `arrays` None: abstract
     parameters, for compiling only. `probe`: run the cuDNN start-up probe (a real GPU only). `quiet`: no platform
     log line (the start's second composition says it). `store`: default, the settings' executable store. `cpu`: the
-    CPU feature class and format to build for (default: this process's, runtime.serving.platform.host_cpu_format)."""
+    CPU feature class and format to build for (default: this process's, runtime.serving.platform.host_cpu_format).
+    `adapters`: the LoRA adapters loaded for the slots the settings compile (runtime.model.lora; the shapes, and so
+    the programs, depend on the slots and the rank only)."""
     devices = list(devices if devices is not None else jax.local_devices())
     data_axis, _ = parse_mesh(settings.mesh, len(devices))
     platform = platforms.resolve(settings, platforms.backend_of(devices[0]), data_axis, cpu)
@@ -70,10 +73,19 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
         host = f"; host {platforms.host_cpu().describe()}" if platform.backend == "cpu" else ""
         log.info("platform %s%s", platform.describe(), host)
 
+    slots, rank = lora.slots(settings.lora_adapters, settings.max_loras), settings.max_lora_rank
+
     def model() -> Transformer:
         if arrays is not None:
-            return Transformer(cfg, arrays, platform.dtype, platform.kernels, plan.max_length)
-        shapes = {name: jax.ShapeDtypeStruct(shape, np.float32) for name, shape in array_shapes(cfg).items()}
+            adapted = arrays if not slots else arrays | lora.stacked(
+                list(adapters), lora.projection_shapes({n: a.shape for n, a in arrays.items()}), cfg.num_layers,
+                slots, rank)
+            return Transformer(cfg, adapted, platform.dtype, platform.kernels, plan.max_length)
+        base = array_shapes(cfg)
+        if slots:
+            base |= lora.stacked_shapes(lora.projection_shapes(base), cfg.num_layers, slots, rank)
+        shapes = {name: jax.ShapeDtypeStruct(shape, np.int32 if name == "lora_columns" else np.float32)
+                  for name, shape in base.items()}
         return nnx.eval_shape(lambda a: Transformer(cfg, a, platform.dtype, platform.kernels, plan.max_length),
                               shapes)
 

@@ -57,6 +57,7 @@ class Engine:
         self.rounds_in_flight = 1  # the platform's, once started
         self.batch_invariant = False  # the platform's, once started
         self.platform_info: dict[str, str] = {}  # the platform's, once started
+        self.adapters: tuple[str, ...] = ()  # the LoRA adapters served (slots 1..n), once loaded
 
     # ---- life cycle -------------------------------------------------------------------------------------
 
@@ -73,6 +74,7 @@ class Engine:
         laps.lap("import_s")
         loaded = startup.load(self.settings)  # weights, tokenizer and stored executables at once
         self._take_model(loaded.cfg, loaded.model.model_id, loaded.tokenizer)
+        self.adapters = tuple(adapter.name for adapter in loaded.adapters)
         self.scorer, self.platform, preloaded = startup.serving_scorer(self.settings, loaded)
         self.plan, self.rounds_in_flight = self.scorer.plan, self.platform.rounds_in_flight
         self.max_sequence_length = self.plan.max_length  # bucket lengths may round up (batch invariance)
@@ -146,14 +148,22 @@ class Engine:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def submit(self, sequences, label_ids, deadline: float | None = None,
-               request_id: str | None = None) -> concurrent.futures.Future:
-        return self._enqueue(Job(sequences, label_ids), deadline, request_id)
+               request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future:
+        return self._enqueue(Job(sequences, label_ids, self._slot(adapter)), deadline, request_id)
 
     def submit_logprobs(self, sequences, sampling, deadline: float | None = None,
-                        request_id: str | None = None) -> concurrent.futures.Future:
+                        request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future:
         if self.task != "causal_lm":
             raise ValueError(f"{self.model_id} is a {self.task} model: it has no per-token log-probabilities")
-        return self._enqueue(TokenJob(sequences, sampling), deadline, request_id)
+        return self._enqueue(TokenJob(sequences, sampling, self._slot(adapter)), deadline, request_id)
+
+    def _slot(self, adapter: str | None) -> int:
+        """A LoRA adapter's slot in the programs (runtime.model.lora: 1..n), 0 for the base model."""
+        if adapter is None:
+            return 0
+        if adapter not in self.adapters:
+            raise ValueError(f"no LoRA adapter '{adapter}' is served (served: {list(self.adapters)})")
+        return self.adapters.index(adapter) + 1
 
     def detokenize(self, token_ids) -> list[str]:
         return [self.tokenizer.decode([token_id]) for token_id in token_ids]

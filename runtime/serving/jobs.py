@@ -16,6 +16,7 @@ class Job:
     """Score label tokens after each sequence: [n_sequences, n_labels] log-probabilities."""
     sequences: Sequence[Sequence[int]]
     label_ids: Sequence[int]
+    adapter: int = 0  # the LoRA adapter scoring them (runtime.model.lora: 1..S), 0 the base model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +24,7 @@ class TokenJob:
     """Every position's next-token log-probabilities and top tokens, and one chosen token after each sequence."""
     sequences: Sequence[Sequence[int]]
     sampling: Sequence[Sampling]  # one per sequence
+    adapter: int = 0  # the LoRA adapter scoring them (runtime.model.lora: 1..S), 0 the base model
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:

@@ -38,9 +38,10 @@ class DeviceBatch:
     def padded_tokens(self) -> int:
         raise NotImplementedError
 
-    def arrays(self, sequences: Sequence[Sequence[int]], start: int = 0) -> tuple[np.ndarray, ...]:
-        """The program's token arguments for these members of `sequences` (positions counted from `start`: the
-        shared prefix's length, for items after one)."""
+    def arrays(self, sequences: Sequence[Sequence[int]], adapters: Sequence[int], start: int = 0
+               ) -> tuple[np.ndarray, ...]:
+        """The program's token arguments for these members of `sequences`, each of `adapters`' LoRA adapter
+        (positions counted from `start`: the shared prefix's length, for items after one)."""
         raise NotImplementedError
 
 

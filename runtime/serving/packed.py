@@ -137,9 +137,12 @@ class Pack(DeviceBatch):
     def padded_tokens(self) -> int:
         return self.rows * self.length
 
-    def arrays(self, sequences: Sequence[Sequence[int]], start: int = 0) -> tuple[np.ndarray, ...]:
-        """tokens, positions (from `start`), segments (-1: padding) [rows, width] and last_index [slots] (flat)."""
+    def arrays(self, sequences: Sequence[Sequence[int]], adapters: Sequence[int], start: int = 0
+               ) -> tuple[np.ndarray, ...]:
+        """tokens, positions (from `start`), segments (-1: padding) [rows, width], last_index [slots] (flat) and
+        each token's LoRA adapter [rows, width] (padding: 0)."""
         tokens = np.zeros((self.rows, self.length), np.int32)
+        adapter = np.zeros((self.rows, self.length), np.int32)
         positions = np.zeros((self.rows, self.length), np.int32)
         segments = np.full((self.rows, self.length), -1, np.int32)
         last = np.zeros((self.head_batch,), np.int32)
@@ -151,10 +154,11 @@ class Pack(DeviceBatch):
                 tokens[r, offset: offset + n] = sequences[i]
                 positions[r, offset: offset + n] = np.arange(start, start + n)
                 segments[r, offset: offset + n] = segment
+                adapter[r, offset: offset + n] = adapters[i]
                 last[slot] = r * self.length + offset + n - 1
                 slot += 1
                 offset += n
-        return tokens, positions, segments, last
+        return tokens, positions, segments, last, adapter
 
 
 def first_fit(lengths: list[int], order: list[int], width: int, per_row: int) -> list[list[int]]:

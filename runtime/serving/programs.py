@@ -100,9 +100,10 @@ def _index(rows: int) -> ArgSpec:
 
 
 def _packed(s: dict[str, int]) -> tuple[ArgSpec, ...]:
-    """tokens, positions, segments [rows, width] and each sequence's last token [slots] of packed rows."""
+    """tokens, positions, segments [rows, width], each sequence's last token [slots] and each token's LoRA adapter
+    [rows, width] of packed rows."""
     return _tokens(s["rows"], s["width"]), _tokens(s["rows"], s["width"]), _tokens(s["rows"], s["width"]), \
-        _index(s["slots"])
+        _index(s["slots"]), _tokens(s["rows"], s["width"])
 
 
 def _context(s: dict[str, int], m: ModelShapes) -> tuple[ArgSpec, ...]:
@@ -111,25 +112,27 @@ def _context(s: dict[str, int], m: ModelShapes) -> tuple[ArgSpec, ...]:
 
 
 PROGRAMS: dict[str, Program] = {p.name: p for p in (
+    # Every forward pass takes each row's LoRA adapter (runtime.model.lora; 0: the base model) last: per row, or
+    # per token in packed rows. A model without adapters ignores it.
     # whole right-padded sequences [batch, length] -> the final-normed hidden state at each row's last token
-    Program("hidden", ("batch", "length"), "full", ("batch", "batch"), "batch",
-            lambda s, m: (_tokens(s["batch"], s["length"]), _index(s["batch"])),
+    Program("hidden", ("batch", "length"), "full", ("batch", "batch", "batch"), "batch",
+            lambda s, m: (_tokens(s["batch"], s["length"]), _index(s["batch"]), _index(s["batch"])),
             lambda s: (s["batch"], s["length"], 0)),
     # a shared prefix [1, context] -> its keys and values in every layer
-    Program("prefill_context", ("context",), "context", ("rep",), ("kv", "kv"),
-            lambda s, m: (_tokens(1, s["context"]),),
+    Program("prefill_context", ("context",), "context", ("rep", "rep"), ("kv", "kv"),
+            lambda s, m: (_tokens(1, s["context"]), _index(1)),
             lambda s: (1, s["context"], 0)),
     # items after a shared prefix [batch, length], attending its keys and values
     Program("hidden_after_context", ("context", "batch", "length"), "continuation",
-            ("kv", "kv", "rep", "batch", "batch"), "batch",
-            lambda s, m: (*_context(s, m), _tokens(s["batch"], s["length"]), _index(s["batch"])),
+            ("kv", "kv", "rep", "batch", "batch", "batch"), "batch",
+            lambda s, m: (*_context(s, m), _tokens(s["batch"], s["length"]), _index(s["batch"]), _index(s["batch"])),
             lambda s: (s["batch"], s["length"], s["context"])),
     # several whole sequences per row [rows, width], `slots` sequences read
-    Program("hidden_packed", ("rows", "width", "slots"), "full", ("batch", "batch", "batch", "rep"), "batch",
+    Program("hidden_packed", ("rows", "width", "slots"), "full", ("batch", "batch", "batch", "rep", "batch"), "batch",
             lambda s, m: _packed(s),
             lambda s: (s["rows"], s["width"], 0)),
     Program("hidden_packed_after_context", ("context", "rows", "width", "slots"), "continuation",
-            ("kv", "kv", "rep", "batch", "batch", "batch", "rep"), "batch",
+            ("kv", "kv", "rep", "batch", "batch", "batch", "rep", "batch"), "batch",
             lambda s, m: (*_context(s, m), *_packed(s)),
             lambda s: (s["rows"], s["width"], s["context"])),
     # the vocabulary head on pooled rows [batch, hidden] for `labels` label tokens a row
@@ -139,9 +142,9 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
     Program("class_logits", ("batch",), "head", ("batch",), "batch",
             lambda s, m: (((s["batch"], m.hidden), "float32"),)),
     # every position's log-probabilities of whole sequences (tokens, lengths, temperature, seed)
-    Program("token_logprobs", ("batch", "length"), "completion", ("batch", "batch", "batch", "batch"),
+    Program("token_logprobs", ("batch", "length"), "completion", ("batch", "batch", "batch", "batch", "batch"),
             ("batch", "batch", "batch", "batch", "batch"),
             lambda s, m: (_tokens(s["batch"], s["length"]), _index(s["batch"]), ((s["batch"],), "float32"),
-                          ((s["batch"],), "uint32")),
+                          ((s["batch"],), "uint32"), _index(s["batch"])),
             lambda s: (s["batch"], s["length"], 0), every_position=True),
 )}

@@ -134,26 +134,29 @@ class Scorer:
     def _dispatch_full(self, rows: list[Row], jobs: Sequence[Job]) -> list[tuple[Any, list[Row]]]:
         program = self.plan.layout.full_program.name
         sequences = [row.tokens for row in rows]
+        adapters = [jobs[row.job].adapter for row in rows]
         out = []
         for batch in self.plan.split_full([len(s) for s in sequences]):
-            hidden = self.exe(program, batch.bucket, *batch.arrays(sequences))
+            hidden = self.exe(program, batch.bucket, *batch.arrays(sequences, adapters))
             out.append(self._read(hidden, batch, rows, jobs))
         return out
 
     def _dispatch_after_prefix(self, rows: list[Row], jobs: Sequence[Job], shared: int
                                ) -> list[tuple[Any, list[Row]]]:
         """One request's items after its shared prefix of `shared` tokens: the prefix's keys and values once, then
-        the items' device batches attending them."""
+        the items' device batches attending them. The prefix's keys and values are its adapter's: one request, one
+        adapter."""
+        adapter = jobs[rows[0].job].adapter
         context = fit(self.plan.contexts(), shared)
         prefix = np.zeros((1, context), np.int32)
         prefix[0, :shared] = rows[0].tokens[:shared]
-        ctx_k, ctx_v = self.exe("prefill_context", (context,), prefix)
+        ctx_k, ctx_v = self.exe("prefill_context", (context,), prefix, np.full((1,), adapter, np.int32))
         program = self.plan.layout.continuation_program.name
         items = [row.tokens[shared:] for row in rows]
         out = []
         for batch in self.plan.split_suffixes([len(s) for s in items]):
             hidden = self.exe(program, (context, *batch.bucket), ctx_k, ctx_v, np.int32(shared),
-                              *batch.arrays(items, start=shared))
+                              *batch.arrays(items, [adapter] * len(items), start=shared))
             self.prefix_batches += 1
             out.append(self._read(hidden, batch, rows, jobs))
         return out
@@ -175,16 +178,17 @@ class Scorer:
     def _dispatch_tokens(self, rows: list[Row], jobs: Sequence[Job | TokenJob]) -> list[tuple[Any, list[Row]]]:
         program = PROGRAMS["token_logprobs"].name
         sequences = [row.tokens for row in rows]
+        adapters = [jobs[row.job].adapter for row in rows]
         out = []
         for batch in self.plan.split_completions([len(s) for s in sequences]):
             members = [rows[i] for i in batch.members]
-            tokens, last = batch.arrays(sequences)
+            tokens, last, adapter = batch.arrays(sequences, adapters)
             temperature = np.zeros((batch.head_batch,), np.float32)
             seed = np.zeros((batch.head_batch,), np.uint32)
             for r, row in enumerate(members):
                 sampling = jobs[row.job].sampling[row.index]
                 temperature[r], seed[r] = sampling.temperature, sampling.seed % 2**32
-            out.append((self.exe(program, batch.bucket, tokens, last + 1, temperature, seed), members))
+            out.append((self.exe(program, batch.bucket, tokens, last + 1, temperature, seed, adapter), members))
             self.device_batches += 1
             self.device_rows += len(members)
         return out

@@ -8,6 +8,7 @@ import concurrent.futures
 import dataclasses
 from typing import Any, Callable
 
+from runtime.model import lora
 from runtime.model.config import ModelConfig, load_config
 from runtime.model.loader import LoadedModel, load_model, load_tokenizer, resolve_model_dir
 from runtime.serving.compose import Stored, compose, executable_store, load_stored
@@ -25,6 +26,7 @@ class Loaded:
     tokenizer: Any
     store: ExecutableStore  # the start's: a stored set that does not load is logged once
     stored: Stored  # and the CPU feature class and format the start takes with them
+    adapters: list[lora.Adapter]  # SCOREFN_LORA_ADAPTERS, checked against the weights, in slots 1..n
 
     @property
     def cfg(self) -> ModelConfig:
@@ -41,18 +43,25 @@ def load(settings: Settings) -> Loaded:
         tokenizer = pool.submit(load_tokenizer, model_dir)
         stored = pool.submit(load_stored, settings, load_config(model_dir), store)
         model = load_model(settings.model, settings.cache_dir, settings.model_id)
-        return Loaded(model, tokenizer.result(), store, stored.result())
+        return Loaded(model, tokenizer.result(), store, stored.result(), adapters(settings, model))
+
+
+def adapters(settings: Settings, model: LoadedModel) -> list[lora.Adapter]:
+    """The LoRA adapters the settings name, checked against the model (a bad one fails the start, naming it)."""
+    return lora.load_adapters(settings.lora_adapters, settings.max_loras, settings.max_lora_rank, model.arrays,
+                              model.cfg.num_layers, model.model_id)
 
 
 def scorer(settings: Settings, loaded: LoadedModel, *, lazy: bool = False) -> tuple[Scorer, Platform]:
     """The scorer of a loaded model on this host's devices (runtime.serving.compose, the path `scorefn compile`
     shares). `lazy`: compile buckets on first use (one-shot CLI runs and the benchmark, never serving)."""
-    return compose(settings, loaded.cfg, loaded.arrays, lazy=lazy)
+    return compose(settings, loaded.cfg, loaded.arrays, lazy=lazy, adapters=adapters(settings, loaded))
 
 
 def serving_scorer(settings: Settings, loaded: Loaded) -> tuple[Scorer, Platform, int]:
     """The scorer a start serves with, holding the executables loaded beside the weights; and how many those were."""
-    built, platform = compose(settings, loaded.cfg, loaded.model.arrays, store=loaded.store, cpu=loaded.stored.cpu)
+    built, platform = compose(settings, loaded.cfg, loaded.model.arrays, store=loaded.store, cpu=loaded.stored.cpu,
+                              adapters=loaded.adapters)
     return built, platform, built.exe.adopt(loaded.stored.fingerprint, loaded.stored.executables)
 
 

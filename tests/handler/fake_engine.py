@@ -32,6 +32,7 @@ class FakeEngine:
     classifiers: tuple = ()  # tests/handler/test_classify.py installs some
     rerankers: tuple = ()  # tests/handler/test_rerank.py installs some
     batch_invariant = True
+    adapters: tuple[str, ...] = ()  # LoRA adapters' names: tests/handler/test_lora_selection.py installs some
     platform_info = {"backend": "cpu", "dtype": "float32", "batch_invariant": "true"}
 
     def __init__(self, *, gated: bool = False) -> None:
@@ -43,6 +44,7 @@ class FakeEngine:
         self.submitted = threading.Event()  # set by every submit(), for tests that resolve held futures
         self.submissions: list[tuple[list[list[int]], list[int], float | None]] = []
         self.request_ids: list[str | None] = []  # submit()'s request_id, one per submission
+        self.adapters_used: list[str | None] = []  # the LoRA adapter of each submission
         self.raise_on_submit: BaseException | None = None  # raised by submit() itself (e.g. QueueFull)
         self.fail_with: BaseException | None = None  # set as the future's exception
         self.hold = False  # leave futures pending in self.held
@@ -65,7 +67,8 @@ class FakeEngine:
         return [BOS, *ids] if add_special_tokens else ids
 
     def submit(self, sequences: list[list[int]], label_ids: list[int], deadline: float | None = None,
-               request_id: str | None = None) -> concurrent.futures.Future[ScoreResult]:
+               request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future[ScoreResult]:
+        self.adapters_used.append(adapter)
         return self._answer(sequences, label_ids, deadline, request_id, lambda: self.compute(sequences, label_ids))
 
     @staticmethod
@@ -75,8 +78,10 @@ class FakeEngine:
         return ScoreResult(logprobs=logprobs, queue_seconds=0.25, device_seconds=0.5)
 
     def submit_logprobs(self, sequences: list[list[int]], sampling: list, deadline: float | None = None,
-                        request_id: str | None = None) -> concurrent.futures.Future[TokenLogprobsResult]:
+                        request_id: str | None = None, adapter: str | None = None
+                        ) -> concurrent.futures.Future[TokenLogprobsResult]:
         self.sampling = list(sampling)
+        self.adapters_used.append(adapter)
         return self._answer(sequences, [], deadline, request_id, lambda: TokenLogprobsResult(
             [token_logprobs(s, how) for s, how in zip(sequences, sampling)], queue_seconds=0.25, device_seconds=0.5))
 

@@ -38,7 +38,7 @@ def test_every_sequence_lands_once_in_a_compiled_bucket_with_the_programs_arrays
         for batch in batches:
             assert batch.bucket in buckets and len(batch.members) <= batch.head_batch
             assert batch.padded_tokens >= sum(sizes[i] for i in batch.members)
-            arrays = batch.arrays(sequences, start)
+            arrays = batch.arrays(sequences, [i % 3 for i in range(len(sizes))], start)
             bucket = (16, *batch.bucket) if program is layout.continuation_program else batch.bucket
             specs = program.args(bucket, SHAPES)[-len(arrays):]  # the token arguments (after a context's)
             assert [(a.shape, str(a.dtype)) for a in arrays] == [(tuple(s), d) for s, d in specs]
@@ -48,17 +48,19 @@ def test_the_grid_splits_rows_into_the_batches_that_pad_and_launch_least():
     p = plan(LAYOUTS["grid"])
     assert [b.head_batch for b in p.split_full([20] * 5)] == [4, 1]  # not one batch of 16 for 5 rows
     assert [b.head_batch for b in p.split_full([20] * 15)] == [16]  # a batch of 16 pads one row
-    tokens, last = p.split_full([3, 1])[0].arrays([[7, 8, 9], [5]])
+    tokens, last, adapters = p.split_full([3, 1])[0].arrays([[7, 8, 9], [5]], [2, 1])
     assert tokens.tolist()[:2] == [[7, 8, 9, 0, 0, 0, 0, 0], [5, 0, 0, 0, 0, 0, 0, 0]] and last.tolist()[:2] == [2, 0]
+    assert adapters.tolist() == [2, 1, 0, 0]  # each row's LoRA adapter, padding rows the base
 
 
 def test_packed_rows_hold_several_sequences_and_read_each_one_slot():
     p = plan(LAYOUTS["packed"])
     (batch,) = p.split_full([5, 4])  # 9 tokens: one row of 16 (at most two sequences a row here)
-    tokens, positions, segments, last = batch.arrays([[1] * 5, [2] * 4])
+    tokens, positions, segments, last, adapters = batch.arrays([[1] * 5, [2] * 4], [3, 0])
     assert batch.bucket == (1, 16, 4) and sorted(batch.members) == [0, 1]
     assert np.unique(segments[segments >= 0]).tolist() == [0, 1] and positions.max() == 4
     assert len(last) == 4 and sorted(tokens.flatten()[last[:2]].tolist()) == [1, 2]
+    assert ((adapters == 3) == (tokens == 1)).all()  # each token its sequence's LoRA adapter
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))

@@ -39,11 +39,12 @@ def test_packs_split_into_row_buckets_and_take_narrow_rows():
 
 def test_arrays_restart_positions_and_mark_padding():
     pack = Pack.of(1, 8, 4, [[1, 0]])
-    tokens, positions, segments, last = pack.arrays([[5, 6, 7], [8, 9]], start=3)
+    tokens, positions, segments, last, adapters = pack.arrays([[5, 6, 7], [8, 9]], [0, 2], start=3)
     assert tokens.tolist() == [[8, 9, 5, 6, 7, 0, 0, 0]] and pack.members == [1, 0]
     assert positions.tolist() == [[3, 4, 3, 4, 5, 0, 0, 0]]
     assert segments.tolist() == [[0, 0, 1, 1, 1, -1, -1, -1]]
     assert last.tolist() == [1, 4, 0, 0]
+    assert adapters.tolist() == [[2, 2, 0, 0, 0, 0, 0, 0]]
 
 
 def test_accelerator_buckets_fit_80_executables_and_pad_at_most_1_3x():
