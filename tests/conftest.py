@@ -1,9 +1,11 @@
-"""Fixtures shared by every test package: the embedded model directory and the PyTorch reference."""
+"""Fixtures shared by every test package: the embedded model directory, the PyTorch reference and PEFT adapters."""
 
 from __future__ import annotations
 
 import ast
+import copy
 import os
+import warnings
 import sys
 from pathlib import Path
 
@@ -88,3 +90,21 @@ def top_level_imports(path: Path) -> set[str]:
             names.add(node.module.partition(".")[0])
     return names - set(sys.stdlib_module_names)
 
+
+def peft_adapter(base, out_dir, seed: int, rank: int, targets: list[str], rslora: bool = False):
+    """A PEFT LoRA adapter of `base` with random non-zero A and B, saved to out_dir; returns the PEFT model."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank + 1, target_modules=targets, use_rslora=rslora, lora_dropout=0.0,
+                        init_lora_weights=False)
+    with warnings.catch_warnings():  # PEFT 0.21 reads a property transformers 5 deprecates
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        model = get_peft_model(copy.deepcopy(base), config).eval()
+    with torch.no_grad():  # PEFT's random init leaves B small: large enough updates that a wrong one shows
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn_like(param) * 0.2)
+    model.save_pretrained(out_dir)
+    return model

@@ -83,3 +83,8 @@ def test_a_compile_failure(tmp_path):
 def test_the_wsgi_face_exits_too(tmp_path):
     status, seconds, lines = failed_start(tmp_path, "wsgi", SCOREFN_MODEL=str(tmp_path / "no-such-model"))
     assert_exited_naming((status, seconds, lines), "not a model directory")
+
+
+def test_a_lora_adapter_that_is_not_there_names_it(tmp_path):
+    assert_exited_naming(failed_start(tmp_path, SCOREFN_LORA_ADAPTERS=f"judge={tmp_path / 'judge'}"),
+                         "AdapterError", "LoRA adapter 'judge'", "adapter_config.json")
