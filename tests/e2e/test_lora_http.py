@@ -29,10 +29,11 @@ def served(tmp_path_factory, embedded_dir):
     references = [base, peft_adapter(base, root / "tox", 1, 8, ["q_proj", "v_proj", "down_proj"]),
                   peft_adapter(base, root / "pii", 2, 4, ["o_proj", "up_proj"], rslora=True)]
     rerankers = root / "rerankers.toml"
-    rerankers.write_text('[[reranker]]\nname = "relevance"\ntemplate = "Query: {query}\\nDocument: {document}\\nRelevant:"'
-                         '\nyes = " Yes"\nno = " No"\n')
+    rerankers.write_text('[[reranker]]\nname = "relevance"\nyes = " Yes"\nno = " No"\n'
+                         'template = "Query: {query}\\nDocument: {document}\\nRelevant:"\n')
+    adapters = ",".join(f"{name}={root / name}" for name in ADAPTERS)
     env = {**SMALL_BUCKETS, "SCOREFN_MODEL": str(root / "base"), "SCOREFN_RERANKERS": str(rerankers),
-           "SCOREFN_COMPILE_CACHE_DIR": str(root / "xla"), "SCOREFN_LORA_ADAPTERS": ",".join(f"{name}={root / name}" for name in ADAPTERS)}
+           "SCOREFN_COMPILE_CACHE_DIR": str(root / "xla"), "SCOREFN_LORA_ADAPTERS": adapters}
     with ServerProcess(env=env) as server:
         yield server, references
 
