@@ -6,6 +6,8 @@ W2: one long query x many 20-token items, 1 label: 1000x100, and 2000x500 (the p
 W4: 64 prompts of 256 tokens, every position's log-probability and top 5 (as /v1/completions echoes them).
 W5: reranking, as the built-in yes/no reranker lays a pair out: template head, a 64-token query, 100 documents of
 100 tokens, template tail, yes/no labels.
+LoRA: 8 seeded random adapters of rank 16 on every projection; W1-256 as 8 requests of 32 items, one adapter each
+(one device round mixes them), and W2 with one adapter, against the base model on the same requests.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from runtime.interface import Sampling
+from runtime.model.lora import Adapter
 from runtime.serving.jobs import Job, TokenJob
 
 QWEN3_CONFIG = Path(__file__).resolve().parent.parent / "model" / "configs" / "qwen3-0.6b.json"
@@ -23,6 +26,7 @@ W1_QUERY, W1_ITEM = 15, 8  # tokens (RFC-000's table: a short classification pro
 W2_SIZES = {"w2": (1000, 100, 20), "w2_peer": (2000, 500, 20)}  # query tokens, items, item tokens
 W4_SIZE = (64, 256, 5)  # prompts, tokens each, top alternatives per position (echo + logprobs)
 W5_SIZE = (27, 64, 100, 100, 22)  # head tokens, query tokens, documents, document tokens, tail tokens
+LORA_SIZE = (8, 16, 8)  # adapters, rank, requests W1-256 is split into
 FIRST_ID = 100  # generated token IDs avoid the low IDs most vocabularies reserve for special tokens
 
 
@@ -40,6 +44,18 @@ def w1_request(vocab: int, items: int, seed: int = 1) -> tuple[list[list[int]], 
 def w2_request(vocab: int, query_tokens: int, items: int, item_tokens: int) -> tuple[list[int], list[list[int]]]:
     rng = np.random.default_rng(2)
     return token_ids(rng, vocab, query_tokens), [token_ids(rng, vocab, item_tokens) for _ in range(items)]
+
+
+def random_adapters(shapes: dict[str, tuple[int, int]], layers: int, count: int, rank: int,
+                    seed: int = 6) -> list[Adapter]:
+    """`count` LoRA adapters of `rank` on every projection (runtime.model.lora's [I, O] shapes), small random A and B."""
+    rng = np.random.default_rng(seed)
+
+    def update(inputs: int, outputs: int) -> tuple[np.ndarray, np.ndarray]:
+        return (rng.standard_normal((inputs, rank)).astype(np.float32) * 0.02,
+                rng.standard_normal((rank, outputs)).astype(np.float32) * 0.02)
+    return [Adapter(f"adapter-{a}", Path(), rank, {(layer, name): update(*shape) for layer in range(layers)
+                                                   for name, shape in shapes.items()}) for a in range(count)]
 
 
 def w4_prompts(vocab: int, prompts: int, tokens: int) -> list[list[int]]:
