@@ -60,6 +60,10 @@ def deviceless(tmp_path_factory) -> dict:
     cases += [{"name": f"{name}_invariant", "target": target, "config_dir": causal, "settings": invariant,
                "methods": sorted(INVARIANT_BODIES), "every_bucket": True}
               for name, target in (("h100", "h100"), ("tpu", "tpu-v5e"))]
+    # LoRA adapter slots (SCOREFN_MAX_LORAS): the stacked updates are parameters, the adapters' weights never needed.
+    cases += [{"name": f"{name}_lora", "target": target, "config_dir": causal, "start_side": True,
+               "settings": {**BUCKETS, "max_loras": 4, "max_lora_rank": 8}, "methods": sorted(PACKED)}
+              for name, target in (("h100", "h100"), ("tpu", "tpu-v5e"))]
     cases += [
         {"name": "l4_small", "target": "l4", "config_dir": causal, "methods": ["hidden_packed"], "settings": BUCKETS,
          "memory_fraction": 1e-6},  # 24 kB usable: the bucket does not fit
@@ -124,6 +128,15 @@ def test_a_compile_and_a_start_on_the_same_target_compute_the_same_fingerprint(d
         assert case["fingerprint"] == case["start_fingerprint"], name  # config.json alone vs the weights
         assert case["devices"][:3] == [case["devices"][0], kind, 1]
     assert deviceless["h100"]["fingerprint"] != deviceless["tpu"]["fingerprint"]
+
+
+def test_lora_slots_compile_deviceless_under_the_fingerprint_a_start_computes(deviceless):
+    """`scorefn compile --target` with SCOREFN_MAX_LORAS covers the adapters: every program compiles with the slots,
+    and a start with the weights (whatever adapters fill the slots) finds them under the same fingerprint."""
+    for name in ("h100", "tpu"):
+        case = deviceless[f"{name}_lora"]
+        assert set(by_method(case)) == PACKED and all(r["serialized_bytes"] > 0 for r in case["executables"])
+        assert case["fingerprint"] == case["start_fingerprint"] != deviceless[name]["fingerprint"], name
 
 
 def test_sharded_cudnn_programs_serialize(deviceless):
