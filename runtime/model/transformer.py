@@ -7,7 +7,9 @@ that it pays): one compiled layer body whatever the depth, so every shape bucket
 Weight matmuls take `dtype` inputs (float32 or bfloat16) and accumulate in float32. Attention runs in
 `Kernels.attention_dtype` through runtime.model.attention (float32 on CPU: bfloat16 attention moved the embedded
 model's log-probs by up to 0.06 there; bfloat16 on accelerators, where cuDNN needs it). Norms, softmax,
-log-softmax, the residual stream and the embedding/vocabulary head stay in float32.
+log-softmax, the residual stream and the embedding/vocabulary head stay in float32. LoRA adapters
+(runtime.model.lora) add each token's own adapter's update to the projections; every entry point takes each row's
+adapter (0: the base model).
 
 Per-layer differences (Gemma 2/3: sliding or global attention, local or global RoPE base) keep the loop scanned:
 they are arrays the scan reads with each layer's weights (`_layer_data`), not Python branches.

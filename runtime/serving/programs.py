@@ -70,10 +70,11 @@ class Program:
         rows, width, _ = self.geometry(bucket)
         return rows * width
 
-    def cost(self, bucket: tuple[int, ...], cfg: Any, weight_bytes: int) -> tuple[float, float]:
+    def cost(self, bucket: tuple[int, ...], cfg: Any, weight_bytes: int, lora_columns: int = 0) -> tuple[float, float]:
         """(FLOPs, bytes) of one device batch from the model's shapes: matmuls and attention as computed (padding
         included); the weights read once, the context's keys and values, activations written and read once per
-        matmul (bfloat16). What a device at its peak would need: the roofline's upper bounds."""
+        matmul (bfloat16). `lora_columns`: LoRA slots x rank (runtime.model.lora: every projection's update runs
+        for every slot). What a device at its peak would need: the roofline's upper bounds."""
         L, H, K, E, D, V = (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size,
                             cfg.vocab_size)
         sizes = self.sizes(bucket)
@@ -85,6 +86,10 @@ class Program:
         pair = 4.0 * L * H * E  # one query-key pair: scores and weighted values, every layer
         flops = tokens * 2.0 * cfg.non_embedding_params() + pair * (rows * width * width / 2 + tokens * context)
         traffic = weight_bytes + context * 2 * L * K * E * 2 + tokens * D * 2 * 7 * L * 2  # 7 matmuls, in and out
+        if lora_columns:  # x @ A_all [I, columns], then @ B_all [columns, O], for each projection (I + O summed)
+            widths = 2 * (D + H * E) + 2 * (D + K * E) + (0 if cfg.num_experts else 3 * (D + cfg.intermediate_size))
+            flops += tokens * 2.0 * lora_columns * widths * L
+            traffic += lora_columns * widths * L * 2
         if self.every_position:
             flops += 2.0 * D * V * tokens
             traffic += V * D * 4

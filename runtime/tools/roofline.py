@@ -8,6 +8,8 @@ so the device batches are exactly the ones a server would dispatch. For each wor
   FLOPs and bytes from XLA's cost analysis of the deviceless-compiled programs, with the scanned layer body
   counted per layer (each program compiled with 1 and 2 layers: body = f(2) - f(1), total = f(1) + (L-1) body);
   GPU: the model's FLOPs and bytes (weights once per device batch, the context's keys and values, activations).
+  LoRA adapter slots (SCOREFN_MAX_LORAS, SCOREFN_MAX_LORA_RANK) count in both: TPU programs are compiled with them,
+  the GPU's FLOPs add every slot's updates.
   Upper bounds on items/s: real devices reach a fraction of peak.
 """
 
@@ -17,6 +19,7 @@ import dataclasses
 import types
 from typing import Any
 
+from runtime.model import lora
 from runtime.model.transformer import rope_length_limit
 from runtime.serving import platform as platforms
 from runtime.serving.compose import bucket_plan, compose
@@ -106,6 +109,7 @@ def roofline_report(settings, cfg, target_name: str) -> dict:
     chip = target.chip
     peak, bandwidth = chip.peak_bf16_flops * target.device_count, chip.memory_bandwidth * target.device_count
     weight_bytes = 2 * cfg.non_embedding_params()  # bfloat16 layers
+    lora_columns = lora.slots(settings.lora_adapters, settings.max_loras) * settings.max_lora_rank
     report: dict = {"target": target.name, "peak_flops": peak, "bandwidth": bandwidth, "upper_bound": True,
                     "method": "cost analysis, scanned body per layer" if target.backend == "tpu" else
                     "model FLOPs and bytes", "layouts": {}}
@@ -121,7 +125,7 @@ def roofline_report(settings, cfg, target_name: str) -> dict:
             seconds = flops = traffic = 0.0
             for method, key in calls:
                 f, b = costs[(method, key)] if target.backend == "tpu" else \
-                    PROGRAMS[method].cost(key, cfg, weight_bytes)
+                    PROGRAMS[method].cost(key, cfg, weight_bytes, lora_columns)
                 flops, traffic = flops + f, traffic + b
                 seconds += max(f / peak, b / bandwidth)
             rows[name] = {"device_batches": len(calls), "flops": flops, "bytes": traffic,

@@ -52,6 +52,11 @@ def test_every_program_has_a_method_a_sharding_a_cost_and_buckets(name):
         flops, traffic = program.cost(bucket, _config(), weight_bytes=1000)
         assert flops > 0 and traffic > 0
         assert (program.tokens(bucket) > 0) == (program.kind != "head")
+        # LoRA slots x rank: each token's projections take (I + O) * columns multiply-adds more, in every layer
+        # (TINY: hidden 64, 4 heads of 16, 2 KV heads, MLP 96, 2 layers)
+        with_lora, _ = program.cost(bucket, _config(), weight_bytes=1000, lora_columns=8)
+        widths = 2 * (64 + 64) + 2 * (64 + 32) + 3 * (64 + 96)
+        assert with_lora - flops == program.tokens(bucket) * 2 * 8 * widths * 2
 
 
 def test_sharding_reads_the_roles_from_the_declarations():

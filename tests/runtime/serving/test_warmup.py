@@ -92,6 +92,37 @@ def test_a_changed_model_setting_misses_the_store(model_dir, cache_dir, tmp_path
         assert engine.timings["preloaded"] == engine.timings["stored"]  # another dtype's set is not taken
 
 
+def test_other_adapters_in_the_same_slots_load_every_bucket_from_the_store(model_dir, cache_dir, tmp_path):
+    """LoRA adapters are parameters, not programs: a start with other adapters (the same SCOREFN_MAX_LORAS and
+    SCOREFN_MAX_LORA_RANK) loads every executable the first start stored, and compiles nothing."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import peft_adapter
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir).float().eval()
+    peft_adapter(base, tmp_path / "one", 1, 8, ["q_proj", "down_proj"])
+    peft_adapter(base, tmp_path / "two", 2, 4, ["v_proj", "up_proj"])
+    xla_dir, slots = tmp_path / "xla", dict(batch_buckets=(2,), max_loras=2, max_lora_rank=8)
+    first = Engine(small_settings(model_dir, cache_dir, xla_dir, lora_adapters=f"one={tmp_path / 'one'}", **slots))
+    first.start()
+    first.stop(5)
+    assert first.timings["stored"] == 0
+    second = Engine(small_settings(model_dir, cache_dir, xla_dir, **slots,
+                                   lora_adapters=f"two={tmp_path / 'two'},one={tmp_path / 'one'}"))
+    compiled_before = executables.cache_events()["backend_compiles"]
+    second.start()
+    try:
+        assert second.timings["stored"] == second.timings["preloaded"] == second.plan.count()
+        assert executables.cache_events()["backend_compiles"] == compiled_before
+        sequences = [[5, 6, 7], [8, 9]]
+        scores = {adapter: second.submit(sequences, [1, 2], adapter=adapter).result().logprobs
+                  for adapter in (None, "one", "two")}
+        assert second.adapters == ("two", "one") and not np.allclose(scores["two"], scores[None], atol=1e-3)
+        assert not np.allclose(scores["two"], scores["one"], atol=1e-3)
+    finally:
+        second.stop(5)
+
+
 def test_another_cpu_feature_class_misses_the_store(model_dir, cache_dir, tmp_path, monkeypatch, caplog):
     """XLA:CPU compiles for the host's features, and what it compiled may stop on an illegal instruction on a host
     without them: the store keys executables by the CPU feature class compiled for, so a start on a host of a lower

@@ -70,13 +70,13 @@ class ScorerEngine:
         self.scorer, self.tokenizer, self.model_id, self.rerankers = scorer, tokenizer, model_id, rerankers
         self.vocab_size, self.task = scorer.cfg.logit_dim, scorer.cfg.task
         self.max_sequence_length = scorer.plan.max_length
-        self.classifiers = ()
+        self.classifiers, self.adapters = (), ()
         self.ready = True
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def submit(self, sequences, label_ids, deadline=None, request_id=None) -> concurrent.futures.Future:
+    def submit(self, sequences, label_ids, deadline=None, request_id=None, adapter=None) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.set_result(ScoreResult(self.scorer.score(sequences, label_ids), 0.0, 0.0))
         return future
