@@ -50,6 +50,7 @@ def validate_classify_request(request: schemas.ClassifyRequest, engine: ScoringE
     optional(request.rid, str, "rid", None)
     optional(request.priority, int, "priority", None)
     classifier, adapter = _classifier(request.model, engine)
+    adapter = adapter or classifier.adapter  # a classification adapter's own head
 
     check_count(len(inputs), settings.max_items, "input")
     sequences = [_prompt(index, value, classifier, engine, keep) for index, value in enumerate(inputs)]
@@ -91,12 +92,17 @@ def model_cards(engine: ScoringEngine, created: int) -> list[schemas.ModelCard]:
         return [schemas.ModelCard(id=engine.model_id, created=created, task="classify", labels=list(head.labels))]
     return [schemas.ModelCard(id=engine.model_id, created=created)] + [
         schemas.ModelCard(id=c.name, created=created, parent=engine.model_id, task="classify", labels=list(c.labels))
-        for c in engine.classifiers]
+        for c in engine.classifiers if not c.adapter]
 
 
 def adapter_cards(engine: ScoringEngine, created: int) -> list[schemas.ModelCard]:
-    """GET /v1/models: each LoRA adapter, with the served model as its parent."""
-    return [schemas.ModelCard(id=name, created=created, parent=engine.model_id, task="lora") for name in engine.adapters]
+    """GET /v1/models: each LoRA adapter, with the served model as its parent (a classification adapter with its
+    labels)."""
+    heads = {c.adapter: c for c in engine.classifiers if c.adapter}
+    return [schemas.ModelCard(id=name, created=created, parent=engine.model_id, task="lora")
+            if name not in heads else schemas.ModelCard(id=name, created=created, parent=engine.model_id,
+                                                        task="classify", labels=list(heads[name].labels))
+            for name in engine.adapters]
 
 
 # ---- fields ---------------------------------------------------------------------------------------------

@@ -108,3 +108,25 @@ def peft_adapter(base, out_dir, seed: int, rank: int, targets: list[str], rslora
                 param.copy_(torch.randn_like(param) * 0.2)
     model.save_pretrained(out_dir)
     return model
+
+
+def peft_classifier(model_dir, out_dir, seed: int, labels: int, rank: int, targets: list[str]):
+    """A PEFT sequence-classification adapter (task SEQ_CLS: LoRA and its own `score` head, random and non-zero)
+    of the causal LM in model_dir, saved to out_dir; returns the PEFT model (its logits are the reference)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    base = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=labels, dtype=torch.float32)
+    config = LoraConfig(task_type="SEQ_CLS", r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0,
+                        init_lora_weights=False)
+    with warnings.catch_warnings():  # PEFT 0.21 reads a property transformers 5 deprecates
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        model = get_peft_model(base, config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name or "score" in name:
+                param.copy_(torch.randn_like(param) * 0.2)
+    model.save_pretrained(out_dir)
+    return model

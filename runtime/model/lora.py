@@ -11,6 +11,11 @@ compiled programs, depend only on the slots and the rank) gets `lora_a_<name>` [
 adapter's rank and where it targets nothing. `lora_columns` [S * R] says which adapter (1..S) each column belongs
 to; a token of adapter a keeps the columns of a (0: the base model keeps none), so its update is
 ((x @ A_all) * mask) @ B_all: two matmuls a projection for the whole batch, exact zeros from every other slot.
+
+A sequence-classification adapter (PEFT's SEQ_CLS task: `modules_to_save` its `score` head, trained on the causal
+LM's layers) brings its own head [labels, D]: `lora_heads` [S, MAX_HEAD_LABELS, D] holds each slot's (zeros past
+its labels, and for adapters without one), read at a row's last token as a *ForSequenceClassification model reads
+its own.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ MODULES = {"q_proj": ("wq",), "k_proj": ("wk",), "v_proj": ("wv",), "o_proj": ("
            "up_proj": ("w_up",), "down_proj": ("w_down",), "qkv_proj": ("wq", "wk", "wv"),
            "gate_up_proj": ("w_gate", "w_up")}
 TENSOR = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+HEADS = ("score", "classifier")  # the heads PEFT's SEQ_CLS task saves (modules_to_save)
+HEAD = re.compile(rf"^base_model\.model\.({'|'.join(HEADS)})\.weight$")
+MAX_HEAD_LABELS = 16  # labels of a classification adapter's head (the stacked heads' fixed shape)
+# PEFT options that change the arithmetic in ways not served: a start refuses an adapter that sets one.
+UNSERVED = ("use_dora", "lora_bias", "layer_replication", "trainable_token_indices", "target_parameters",
+            "rank_pattern", "alpha_pattern")
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 
 
@@ -44,6 +55,13 @@ class Adapter:
     rank: int
     # (layer, runtime name) -> (A [I, r], B [r, O] times the scale), float32
     updates: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]
+    head: np.ndarray | None = None  # a classification adapter's own head [labels, D], float32
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """A classification adapter's label names (PEFT saves none: LABEL_0, LABEL_1, ... as transformers names
+        them by default); () for an adapter without a head."""
+        return () if self.head is None else tuple(f"LABEL_{i}" for i in range(self.head.shape[0]))
 
 
 def parse_adapters(spec: str) -> list[tuple[str, Path]]:
@@ -78,13 +96,16 @@ def load_adapter(name: str, path: Path, shapes: dict[str, tuple[int, int]], num_
     config = json.loads((path / CONFIG).read_text())
     if config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"{where}: peft_type {config.get('peft_type')!r} is not served, only LORA")
-    for key, allowed in (("use_dora", False), ("bias", "none"), ("fan_in_fan_out", False)):
+    for key, allowed in (("bias", "none"), ("fan_in_fan_out", False)):
         if config.get(key, allowed) not in (allowed, None):
             raise AdapterError(f"{where}: {key}={config[key]!r} is not served (only {allowed!r})")
-    for key in ("rank_pattern", "alpha_pattern", "modules_to_save"):
+    for key in UNSERVED:
         if config.get(key):
-            raise AdapterError(f"{where}: {key} is not served yet (only one rank and alpha for every module, and no "
-                               "modules of its own)")
+            raise AdapterError(f"{where}: {key}={config[key]!r} is not served")
+    own = set(config.get("modules_to_save") or ())
+    if not own <= set(HEADS):
+        raise AdapterError(f"{where}: modules_to_save {sorted(own - set(HEADS))} is not served (only a "
+                           f"sequence-classification head: {list(HEADS)})")
     if not _same_base(config.get("base_model_name_or_path"), model_id):
         raise AdapterError(f"{where}: trained on '{config['base_model_name_or_path']}', not on the served model "
                            f"'{model_id}'")
@@ -93,8 +114,12 @@ def load_adapter(name: str, path: Path, shapes: dict[str, tuple[int, int]], num_
         raise AdapterError(f"{where}: rank {rank} is above SCOREFN_MAX_LORA_RANK={max_rank}")
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     halves: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    head = None
     with safe_open(str(path / WEIGHTS), framework="numpy") as f:
         for key in f.keys():
+            if HEAD.match(key):
+                head = _head(f.get_tensor(key), shapes["wq"][0], where)
+                continue
             match = TENSOR.match(key)
             if not match:
                 raise AdapterError(f"{where}: tensor '{key}' is not a LoRA update of a decoder layer's projection")
@@ -122,7 +147,18 @@ def load_adapter(name: str, path: Path, shapes: dict[str, tuple[int, int]], num_
             start += width
     if not updates:
         raise AdapterError(f"{where}: holds no LoRA weights")
-    return Adapter(name, path, rank, updates)
+    return Adapter(name, path, rank, updates, head)
+
+
+def _head(weight: np.ndarray, hidden: int, where: str) -> np.ndarray:
+    """A classification adapter's head [labels, D], checked."""
+    if weight.ndim != 2 or weight.shape[1] != hidden:
+        raise AdapterError(f"{where}: its classification head is {list(weight.shape)}; the served model needs "
+                           f"[labels, {hidden}]")
+    if not 0 < weight.shape[0] <= MAX_HEAD_LABELS:
+        raise AdapterError(f"{where}: its classification head has {weight.shape[0]} labels; at most "
+                           f"{MAX_HEAD_LABELS} are served")
+    return weight.astype(np.float32)
 
 
 def slots(spec: str, max_loras: int) -> int:
@@ -147,7 +183,8 @@ def load_adapters(spec: str, max_loras: int, max_rank: int, arrays: dict[str, np
 def stacked_shapes(shapes: dict[str, tuple[int, int]], num_layers: int, slots: int,
                    rank: int) -> dict[str, tuple[int, ...]]:
     """The shapes of `stacked`'s arrays (for a compile without weights)."""
-    out: dict[str, tuple[int, ...]] = {"lora_columns": (slots * rank,)}
+    out: dict[str, tuple[int, ...]] = {"lora_columns": (slots * rank,),
+                                       "lora_heads": (slots, MAX_HEAD_LABELS, shapes["wq"][0])}
     for name, (inputs, outputs) in shapes.items():
         out[f"layers.lora_a_{name}"] = (num_layers, inputs, slots * rank)
         out[f"layers.lora_b_{name}"] = (num_layers, slots * rank, outputs)
@@ -159,7 +196,12 @@ def stacked(adapters: list[Adapter], shapes: dict[str, tuple[int, int]], num_lay
     """The model's LoRA arrays (see the module's docstring) for these adapters in slots 1..len(adapters)."""
     if len(adapters) > slots:
         raise AdapterError(f"{len(adapters)} LoRA adapters exceed SCOREFN_MAX_LORAS={slots}")
-    arrays: dict[str, np.ndarray] = {"lora_columns": np.repeat(np.arange(1, slots + 1, dtype=np.int32), rank)}
+    heads = np.zeros((slots, MAX_HEAD_LABELS, shapes["wq"][0]), np.float32)
+    for s, adapter in enumerate(adapters):
+        if adapter.head is not None:
+            heads[s, :adapter.head.shape[0]] = adapter.head
+    arrays: dict[str, np.ndarray] = {"lora_columns": np.repeat(np.arange(1, slots + 1, dtype=np.int32), rank),
+                                     "lora_heads": heads}
     for name, (inputs, outputs) in shapes.items():
         a_all = np.zeros((num_layers, inputs, slots * rank), np.float32)
         b_all = np.zeros((num_layers, slots * rank, outputs), np.float32)

@@ -140,6 +140,8 @@ class Transformer(nnx.Module):
         # None without adapters (every program's `adapters` argument is then ignored).
         columns = arrays.get("lora_columns")
         self.lora_columns = None if columns is None else nnx.Variable(jnp.asarray(columns, jnp.int32))
+        # and each slot's classification head [S, labels, D] (float32, as the model's own head; zeros: none)
+        self.lora_heads = None if columns is None else nnx.Param(jnp.asarray(arrays["lora_heads"], F32))
 
     def _layer_data(self) -> dict[str, jax.Array]:
         """What differs between layers besides weights, as arrays the scan reads with each layer: the attention
@@ -484,6 +486,15 @@ class Transformer(nnx.Module):
         next_logprob = jnp.where(sample, jnp.take_along_axis(last_logprobs, drawn[:, None], axis=1)[:, 0],
                                  greedy_logprob)
         return next_logprobs, top_ids, top_logprobs, next_id, next_logprob
+
+    def lora_class_logits(self, hidden: jax.Array, adapters: jax.Array) -> jax.Array:
+        """A classification adapter's own head (runtime.model.lora): hidden [B, D] and each row's adapter [B] ->
+        raw logits [B, MAX_HEAD_LABELS] float32 (past an adapter's labels: 0)."""
+        def rows(xs):
+            h, slot = xs
+            heads = jnp.take(self.lora_heads[...], jnp.maximum(slot - 1, 0), axis=0)  # [B, labels, D]
+            return jnp.einsum("bd,bld->bl", h, heads, preferred_element_type=F32)
+        return self._rows(rows, (hidden, adapters))
 
     def class_logits(self, hidden: jax.Array) -> jax.Array:
         """Sequence-classification head: hidden [B, D] -> raw logits [B, num_labels] float32."""

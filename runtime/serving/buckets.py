@@ -126,6 +126,7 @@ class BucketPlan:
     # streamed once); rows are split into batches that pad and launch least. The engine sets it from the
     # calibrated service model (runtime.serving.cost).
     batch_overhead_tokens: float = 32.0
+    lora: bool = False  # LoRA adapter slots: their classification heads' program too (runtime.model.lora)
 
     @property
     def max_length(self) -> int:
@@ -186,6 +187,8 @@ class BucketPlan:
         if task == "causal_lm":
             programs += [(PROGRAMS["label_logprobs"], bucket) for bucket in self.heads()]
             programs += [(PROGRAMS["token_logprobs"], bucket) for bucket in self.completions()]
+            if self.lora:
+                programs += [(PROGRAMS["lora_class_logits"], (b,)) for b in sorted({b for b, _ in self.heads()})]
         else:
             programs += [(PROGRAMS["class_logits"], (b,)) for b in sorted({b for b, _ in self.heads()})]
         return programs

@@ -40,7 +40,8 @@ def bucket_plan(settings: Settings, platform) -> BucketPlan:
     return BucketPlan(lengths=settings.length_buckets, max_tokens=platform.max_bucket_tokens,
                       labels=platform.label_buckets, context_lengths=settings.context_buckets,
                       prefix_sharing=settings.prefix_sharing, layout=platform.layout,
-                      completion_batches=platform.completion_batch_buckets)
+                      completion_batches=platform.completion_batch_buckets,
+                      lora=bool(lora.slots(settings.lora_adapters, settings.max_loras)))
 
 
 def executable_store(settings: Settings) -> ExecutableStore:
@@ -62,6 +63,7 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
     data_axis, _ = parse_mesh(settings.mesh, len(devices))
     platform = platforms.resolve(settings, platforms.backend_of(devices[0]), data_axis, cpu)
     plan = bucket_plan(settings, platform)
+    slots, rank = lora.slots(settings.lora_adapters, settings.max_loras), settings.max_lora_rank
     if cfg.task != "causal_lm":  # no language-model head: no per-position log-probabilities
         plan = dataclasses.replace(plan, completion_batches=())
     # SCOREFN_MESH; a bad layout (MeshError) stops the start here, before any compilation.
@@ -72,8 +74,6 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
     if not quiet:
         host = f"; host {platforms.host_cpu().describe()}" if platform.backend == "cpu" else ""
         log.info("platform %s%s", platform.describe(), host)
-
-    slots, rank = lora.slots(settings.lora_adapters, settings.max_loras), settings.max_lora_rank
 
     def model() -> Transformer:
         if arrays is not None:

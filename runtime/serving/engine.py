@@ -58,6 +58,7 @@ class Engine:
         self.batch_invariant = False  # the platform's, once started
         self.platform_info: dict[str, str] = {}  # the platform's, once started
         self.adapters: tuple[str, ...] = ()  # the LoRA adapters served (slots 1..n), once loaded
+        self._own_heads: set[str] = set()  # of which classification adapters, scored with their own heads
 
     # ---- life cycle -------------------------------------------------------------------------------------
 
@@ -74,7 +75,7 @@ class Engine:
         laps.lap("import_s")
         loaded = startup.load(self.settings)  # weights, tokenizer and stored executables at once
         self._take_model(loaded.cfg, loaded.model.model_id, loaded.tokenizer)
-        self.adapters = tuple(adapter.name for adapter in loaded.adapters)
+        self._take_adapters(loaded.adapters)
         self.scorer, self.platform, preloaded = startup.serving_scorer(self.settings, loaded)
         self.plan, self.rounds_in_flight = self.scorer.plan, self.platform.rounds_in_flight
         self.max_sequence_length = self.plan.max_length  # bucket lengths may round up (batch invariance)
@@ -102,6 +103,15 @@ class Engine:
                                              self.settings.max_labels)
         self.rerankers = build_rerankers(self.settings.rerankers, cfg, model_id, tokenizer, self.settings.max_labels,
                                          tuple(c.name for c in self.classifiers))
+
+    def _take_adapters(self, adapters) -> None:
+        """The LoRA adapters served (slots 1..n); a classification adapter's own head is a classifier of its name."""
+        self.adapters = tuple(adapter.name for adapter in adapters)
+        self._own_heads = {adapter.name for adapter in adapters if adapter.head is not None}
+        self.classifiers += tuple(
+            Classifier(name=a.name, labels=a.labels, label_ids=tuple(range(len(a.labels))),
+                       activation="softmax" if len(a.labels) > 1 else "sigmoid", adapter=a.name)
+            for a in adapters if a.head is not None)
 
     def start_with(self, scorer, service: ServiceModel | None = None) -> None:
         """Serve with a scorer that is ready to run and the service model of its device (start() passes its
@@ -149,12 +159,13 @@ class Engine:
 
     def submit(self, sequences, label_ids, deadline: float | None = None,
                request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future:
-        return self._enqueue(Job(sequences, label_ids, self._slot(adapter)), deadline, request_id)
+        return self._enqueue(Job(sequences, label_ids, self._slot(adapter), head=adapter in self._own_heads),
+                             deadline, request_id)
 
     def submit_logprobs(self, sequences, sampling, deadline: float | None = None,
                         request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future:
-        if self.task != "causal_lm":
-            raise ValueError(f"{self.model_id} is a {self.task} model: it has no per-token log-probabilities")
+        if self.task != "causal_lm" or adapter in self._own_heads:
+            raise ValueError(f"{adapter or self.model_id} is a classifier: it has no per-token log-probabilities")
         return self._enqueue(TokenJob(sequences, sampling, self._slot(adapter)), deadline, request_id)
 
     def _slot(self, adapter: str | None) -> int:

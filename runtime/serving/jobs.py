@@ -17,6 +17,8 @@ class Job:
     sequences: Sequence[Sequence[int]]
     label_ids: Sequence[int]
     adapter: int = 0  # the LoRA adapter scoring them (runtime.model.lora: 1..S), 0 the base model
+    # The adapter's own classification head instead of the vocabulary head: raw logits of its labels 0 .. n-1
+    head: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

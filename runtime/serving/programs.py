@@ -143,6 +143,9 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
     # the vocabulary head on pooled rows [batch, hidden] for `labels` label tokens a row
     Program("label_logprobs", ("batch", "labels"), "head", ("batch", "batch"), "batch",
             lambda s, m: (((s["batch"], m.hidden), "float32"), ((s["batch"], s["labels"]), "int32"))),
+    # a classification LoRA adapter's own head on pooled rows, per row's adapter (runtime.model.lora)
+    Program("lora_class_logits", ("batch",), "head", ("batch", "batch"), "batch",
+            lambda s, m: (((s["batch"], m.hidden), "float32"), _index(s["batch"]))),
     # a sequence-classification head on pooled rows
     Program("class_logits", ("batch",), "head", ("batch",), "batch",
             lambda s, m: (((s["batch"], m.hidden), "float32"),)),

@@ -124,6 +124,8 @@ class Scorer:
         fetched = jax.device_get([output for output, _ in dispatched.pending])
         for values, (_, rows) in zip(fetched, dispatched.pending):
             for r, row in enumerate(rows):
+                if row is None:  # a slot another head of the same device batch reads
+                    continue
                 job = jobs[row.job]
                 if isinstance(job, Job):
                     results[row.job][row.index] = values[r, : len(job.label_ids)]
@@ -138,7 +140,7 @@ class Scorer:
         out = []
         for batch in self.plan.split_full([len(s) for s in sequences]):
             hidden = self.exe(program, batch.bucket, *batch.arrays(sequences, adapters))
-            out.append(self._read(hidden, batch, rows, jobs))
+            out += self._read(hidden, batch, rows, jobs)
         return out
 
     def _dispatch_after_prefix(self, rows: list[Row], jobs: Sequence[Job], shared: int
@@ -158,22 +160,35 @@ class Scorer:
             hidden = self.exe(program, (context, *batch.bucket), ctx_k, ctx_v, np.int32(shared),
                               *batch.arrays(items, [adapter] * len(items), start=shared))
             self.prefix_batches += 1
-            out.append(self._read(hidden, batch, rows, jobs))
+            out += self._read(hidden, batch, rows, jobs)
         return out
 
-    def _read(self, hidden, batch: DeviceBatch, rows: list[Row], jobs: Sequence[Job]) -> tuple[Any, list[Row]]:
-        """The head on a device batch's pooled rows: label log-probabilities, or a classifier's logits."""
+    def _read(self, hidden, batch: DeviceBatch, rows: list[Row], jobs: Sequence[Job]
+              ) -> list[tuple[Any, list[Row | None]]]:
+        """The heads on a device batch's pooled rows: label log-probabilities, a classification model's logits, or
+        a classification adapter's own; each head's output with the rows it answers (None: a slot another head
+        answers)."""
         members = [rows[i] for i in batch.members]
         self.device_batches += 1
         self.device_rows += len(members)
         if self.task != "causal_lm":
-            return self.exe("class_logits", (batch.head_batch,), hidden), members
-        n_labels = fit(self.plan.labels, max(len(jobs[row.job].label_ids) for row in members))
-        labels = np.zeros((batch.head_batch, n_labels), np.int32)  # padding rows and columns gather label 0
-        for r, row in enumerate(members):
-            ids = jobs[row.job].label_ids
-            labels[r, : len(ids)] = ids
-        return self.exe("label_logprobs", (batch.head_batch, n_labels), hidden, labels), members
+            return [(self.exe("class_logits", (batch.head_batch,), hidden), members)]
+        out = []
+        own = [row if jobs[row.job].head else None for row in members]
+        if any(own):
+            slots = np.zeros((batch.head_batch,), np.int32)
+            for r, row in enumerate(members):
+                slots[r] = jobs[row.job].adapter
+            out.append((self.exe("lora_class_logits", (batch.head_batch,), hidden, slots), own))
+        vocabulary = [None if jobs[row.job].head else row for row in members]
+        if any(vocabulary):
+            n_labels = fit(self.plan.labels, max(len(jobs[row.job].label_ids) for row in members))
+            labels = np.zeros((batch.head_batch, n_labels), np.int32)  # padding rows and columns gather label 0
+            for r, row in enumerate(members):
+                ids = jobs[row.job].label_ids
+                labels[r, : len(ids)] = ids
+            out.append((self.exe("label_logprobs", (batch.head_batch, n_labels), hidden, labels), vocabulary))
+        return out
 
     def _dispatch_tokens(self, rows: list[Row], jobs: Sequence[Job | TokenJob]) -> list[tuple[Any, list[Row]]]:
         program = PROGRAMS["token_logprobs"].name

@@ -69,6 +69,7 @@ class Classifier:
     prefix_ids: tuple[int, ...] = ()  # a token-ID input is scored as prefix_ids + input + suffix_ids
     suffix_ids: tuple[int, ...] = ()
     words: tuple[str, ...] = ()
+    adapter: str | None = None  # a classification LoRA adapter's own head (runtime.model.lora), by its name
 
     @property
     def is_verbalizer(self) -> bool:

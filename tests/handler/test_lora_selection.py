@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from runtime.tasks.classifiers import Classifier
 from tests.handler.clients import Client
 from tests.handler.conftest import assert_error, make_settings, score_body, serve
 from tests.handler.fake_engine import FakeEngine
@@ -69,3 +70,37 @@ def test_models_lists_each_adapter_with_its_parent(client: Client) -> None:
     for name in ADAPTERS:
         assert cards[name] == {"id": name, "object": "model", "created": data[0]["created"], "owned_by": "scorefn",
                                "parent": "fake-model", "task": "lora"}
+
+
+JUDGE = Classifier(name="judge", labels=("LABEL_0", "LABEL_1", "LABEL_2"), label_ids=(0, 1, 2), activation="softmax",
+                   adapter="judge")
+
+
+@pytest.fixture
+def classifying(face: str) -> Iterator[tuple[Client, FakeEngine]]:
+    """A causal LM served with a causal adapter and a classification adapter (its own head: a classifier)."""
+    engine = RerankEngine()
+    engine.adapters, engine.classifiers = ("pii", "judge"), (JUDGE,)
+    with serve(face, make_settings(), engine) as c:
+        yield c, engine
+
+
+def test_a_classification_adapter_is_a_classifier_of_its_name(classifying) -> None:
+    client, engine = classifying
+    reply = client.post("/v1/classify", json={"model": "judge", "input": ["a", "b"]})
+    assert reply.status == 200, reply.body
+    body = reply.json()
+    assert body["model"] == "judge" and engine.adapters_used == ["judge"] and engine.submissions[0][1] == [0, 1, 2]
+    assert [row["num_classes"] for row in body["data"]] == [3, 3]
+    cards = {card["id"]: card for card in client.get("/v1/models").json()["data"]}
+    assert cards["judge"]["task"] == "classify" and cards["judge"]["labels"] == list(JUDGE.labels)
+    assert cards["judge"]["parent"] == "fake-model" and cards["pii"]["task"] == "lora"
+    assert [card["id"] for card in client.get("/v1/models").json()["data"]].count("judge") == 1
+
+
+@pytest.mark.parametrize("path", sorted(BODIES))
+def test_a_classification_adapter_is_refused_where_it_has_no_answer(classifying, path: str) -> None:
+    client, engine = classifying
+    error = assert_error(client.post(path, json={**BODIES[path], "model": "judge"}), 400, "model_not_supported",
+                         "model")
+    assert "use /v1/classify" in error["message"] and engine.adapters_used == []

@@ -21,7 +21,7 @@ from runtime.serving.executables import Executables
 from runtime.serving.jobs import Job, TokenJob
 from runtime.serving.packed import PackedLayout
 from runtime.serving.scorer import Scorer
-from tests.conftest import peft_adapter, torch_label_logprobs
+from tests.conftest import peft_adapter, peft_classifier, torch_label_logprobs
 from tests.runtime.conftest import CASES, FreshRope, random_sequences, small_plan, tiny_checkpoint
 
 PLAN = small_plan(lengths=(64,), batches=(8,), labels=(16,), prefix_sharing=True, suffix_lengths=(8,),
@@ -110,6 +110,36 @@ def test_packed_rows_of_mixed_adapters_match_peft(adapted):
 
 
 @pytest.mark.parametrize("case", ["llama", "qwen3"])
+def test_a_classification_adapter_scores_with_its_own_head_beside_a_causal_one(case, tmp_path):
+    """PEFT's SEQ_CLS adapter of the causal LM (LoRA and its own `score` head, modules_to_save): its logits at each
+    sequence's last token within 1e-4 of PEFT's, in full rows and after a shared prefix, in the device batches of
+    a causal adapter's label scores."""
+    import torch
+
+    family, overrides = CASES[case]
+    base = tiny_checkpoint(family, tmp_path / "base", **{**overrides, "pad_token_id": 0})
+    classifier = peft_classifier(tmp_path / "base", tmp_path / "judge", 3, 3, 8, ["q_proj", "v_proj", "up_proj"])
+    causal = peft_adapter(base, tmp_path / "a", 1, 4, ALL)
+    cfg = load_config(tmp_path / "base")
+    shapes = lora.projection_shapes({n: a.shape for n, a in load_arrays(tmp_path / "base", cfg).items()})
+    adapters = [lora.load_adapter(n, tmp_path / n, shapes, cfg.num_layers, "base", 8) for n in ("judge", "a")]
+    assert adapters[0].labels == ("LABEL_0", "LABEL_1", "LABEL_2") and adapters[1].head is None
+    scorer = adapted_scorer(tmp_path / "base", adapters)
+    rng = np.random.default_rng(11)
+    sequences = random_sequences(rng, 5, 2, 30, 128)
+    query = rng.integers(0, 128, 20).tolist()
+    shared = [query + rng.integers(0, 128, n).tolist() for n in (3, 7, 5)]
+    heads, labels, after_prefix = scorer.score_jobs([Job(sequences, [0, 1, 2], adapter=1, head=True),
+                                                     Job(sequences, LABELS, adapter=2),
+                                                     Job(shared, [0, 1, 2], adapter=1, head=True)])
+    with torch.no_grad():
+        expected = np.stack([classifier(torch.tensor([s])).logits[0].numpy() for s in sequences + shared])
+    np.testing.assert_allclose(np.concatenate([heads, after_prefix]), expected, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(labels, torch_label_logprobs(causal, sequences, LABELS), atol=1e-4, rtol=0)
+    assert np.ptp(expected) > 0.5
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen3"])
 def test_an_item_has_the_same_bits_alone_and_among_other_adapters(case, tmp_path):
     family, overrides = CASES[case]
     base = tiny_checkpoint(family, tmp_path / "base", **overrides)
@@ -153,7 +183,7 @@ def edited_copy(root, name: str, **config_changes):
 @pytest.mark.parametrize(("changes", "expected"), [
     ({"r": 32}, "rank 32 is above SCOREFN_MAX_LORA_RANK=16"),
     ({"use_dora": True}, "use_dora=True is not served"),
-    ({"modules_to_save": ["score"]}, "modules_to_save is not served"),
+    ({"modules_to_save": ["lm_head"]}, "modules_to_save ['lm_head'] is not served"),
     ({"base_model_name_or_path": "meta-llama/Llama-3.2-1B"}, "trained on 'meta-llama/Llama-3.2-1B', not on"),
     ({"peft_type": "IA3"}, "peft_type 'IA3' is not served"),
 ])
