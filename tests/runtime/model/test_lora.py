@@ -30,9 +30,9 @@ PACKED = dataclasses.replace(small_plan(lengths=(16, 32), labels=(16,), prefix_s
     width=16, rows=(1, 2), narrow=(8,), narrow_continuations=(8,), wide_rows=(1,), slots=(4, 8)))
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-# Families whose module names differ (Phi-3's fused qkv_proj and gate_up_proj), soft-caps and sliding windows
-# (Gemma 2), q/k norms (Qwen3), experts (Qwen3-MoE: LoRA on attention only) and biases.
-FAMILIES = ["llama_biases", "qwen3", "gemma2", "phi3_longrope_partial_sliding", "qwen3_moe_linear_rope"]
+# Every tiny case of every family: module names that differ (Phi-3's fused qkv_proj and gate_up_proj), soft-caps
+# and sliding windows, q/k norms, experts (Qwen3-MoE: LoRA on attention only), biases, multipliers.
+FAMILIES = sorted(CASES)
 LABELS = [0, 5, 127, 64]
 
 
