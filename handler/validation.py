@@ -18,6 +18,7 @@ import msgspec
 from handler.errors import ApiError
 from handler.schemas import TokenizeRequest
 from runtime.interface import ScoringEngine
+from runtime.tasks.classifiers import adapter_heads
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INVALID = object()  # decode_field's answer for a value of the wrong type
@@ -179,7 +180,7 @@ def served_model(raw: msgspec.Raw, engine: ScoringEngine) -> tuple[str, str | No
     model = optional(raw, str, "model", None)
     if model is None or model == engine.model_id:
         return engine.model_id, None
-    if model in own_heads(engine):
+    if model in adapter_heads(engine.classifiers):
         raise ApiError("model_not_supported", f"LoRA adapter '{model}' is a classifier (its own classification "
                        "head): use /v1/classify.", "model")
     if model in engine.adapters:
@@ -202,18 +203,13 @@ def select_named(raw: msgspec.Raw, choices: tuple, engine: ScoringEngine, kind: 
         if choice.name == name:
             return choice, None
     if name in engine.adapters:
-        if name in own_heads(engine):
+        if name in adapter_heads(engine.classifiers):
             raise ApiError("model_not_supported", f"LoRA adapter '{name}' is a classifier (its own classification "
                            f"head), not a {kind}: use /v1/classify.", "model")
         return choices[0], name
     adapters = f" and LoRA adapters: {list(engine.adapters)}" if engine.adapters else ""
     raise ApiError("model_not_found", f"Model '{_shown(name)}' not found. Available {kind}s: "
                    f"{[c.name for c in choices]}{adapters}", "model")
-
-
-def own_heads(engine: ScoringEngine) -> set[str]:
-    """The LoRA adapters with their own classification head (served as classifiers of their names)."""
-    return {c.adapter for c in engine.classifiers if c.adapter}
 
 
 def _shown(name: str) -> str:

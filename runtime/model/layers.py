@@ -22,6 +22,11 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
     return y if b is None else y + b.astype(F32)
 
 
+def project(x: jax.Array, p: dict, name: str) -> jax.Array:
+    """x through the layer's projection `name` (wq, w_gate, ...) and its bias where it has one (bq, b_gate, ...)."""
+    return dense(x, p[name], p.get("b" + name[1:]))
+
+
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """RMSNorm in float32. Gemma's (1 + weight) form gets its 1 added to the weight at load."""
     x = x.astype(F32)
@@ -50,12 +55,12 @@ def rope_tables(positions: jax.Array, inv_freq: jax.Array, scaling: float = 1.0)
     return (cos, sin) if scaling == 1.0 else (cos * scaling, sin * scaling)
 
 
-def gated_mlp(x: jax.Array, p: dict, activation: str, project: Callable | None = None) -> jax.Array:
+def gated_mlp(x: jax.Array, p: dict, activation: str, projection: Callable | None = None) -> jax.Array:
     """down(act(gate(x)) * up(x)): SwiGLU (silu) or GeGLU (gelu tanh); x [B, T, D] -> [B, T, D] float32.
-    `project(x, name)`: how a projection runs (default: dense with its bias; the transformer adds LoRA updates)."""
-    project = project or (lambda x, name: dense(x, p[name], p.get("b" + name[1:])))
-    gate, up = project(x, "w_gate"), project(x, "w_up")
-    return project(ACTIVATIONS[activation](gate) * up, "w_down")
+    `projection(x, name)`: how a projection runs (default: `project`; the transformer adds LoRA updates)."""
+    run = projection or (lambda x, name: project(x, p, name))
+    gate, up = run(x, "w_gate"), run(x, "w_up")
+    return run(ACTIVATIONS[activation](gate) * up, "w_down")
 
 
 def routed_experts(x: jax.Array, p: dict, activation: str, top_k: int, normalize: bool,

@@ -196,22 +196,15 @@ def stacked(adapters: list[Adapter], shapes: dict[str, tuple[int, int]], num_lay
     """The model's LoRA arrays (see the module's docstring) for these adapters in slots 1..len(adapters)."""
     if len(adapters) > slots:
         raise AdapterError(f"{len(adapters)} LoRA adapters exceed SCOREFN_MAX_LORAS={slots}")
-    heads = np.zeros((slots, MAX_HEAD_LABELS, shapes["wq"][0]), np.float32)
+    arrays = {name: np.zeros(shape, np.float32) for name, shape in stacked_shapes(shapes, num_layers, slots,
+                                                                                   rank).items()}
+    arrays["lora_columns"] = np.repeat(np.arange(1, slots + 1, dtype=np.int32), rank)
     for s, adapter in enumerate(adapters):
         if adapter.head is not None:
-            heads[s, :adapter.head.shape[0]] = adapter.head
-    arrays: dict[str, np.ndarray] = {"lora_columns": np.repeat(np.arange(1, slots + 1, dtype=np.int32), rank),
-                                     "lora_heads": heads}
-    for name, (inputs, outputs) in shapes.items():
-        a_all = np.zeros((num_layers, inputs, slots * rank), np.float32)
-        b_all = np.zeros((num_layers, slots * rank, outputs), np.float32)
-        for s, adapter in enumerate(adapters):
-            for layer in range(num_layers):
-                if (layer, name) in adapter.updates:
-                    a, b = adapter.updates[(layer, name)]
-                    a_all[layer, :, s * rank: s * rank + a.shape[1]] = a
-                    b_all[layer, s * rank: s * rank + b.shape[0], :] = b
-        arrays[f"layers.lora_a_{name}"], arrays[f"layers.lora_b_{name}"] = a_all, b_all
+            arrays["lora_heads"][s, :adapter.head.shape[0]] = adapter.head
+        for (layer, name), (a, b) in adapter.updates.items():
+            arrays[f"layers.lora_a_{name}"][layer, :, s * rank: s * rank + a.shape[1]] = a
+            arrays[f"layers.lora_b_{name}"][layer, s * rank: s * rank + b.shape[0], :] = b
     return arrays
 
 

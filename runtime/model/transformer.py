@@ -29,7 +29,7 @@ from flax import nnx
 
 from runtime.model import attention, invariant
 from runtime.model.config import ModelConfig
-from runtime.model.layers import dense, gated_mlp, rms_norm, rope_tables, rotate, routed_experts
+from runtime.model.layers import dense, gated_mlp, project, rms_norm, rope_tables, rotate, routed_experts
 
 F32 = jnp.float32
 
@@ -237,7 +237,7 @@ class Transformer(nnx.Module):
         """x @ p[name] (+ its bias: bq for wq, b_gate for w_gate), plus each token's LoRA update where the model
         has adapters: ((x @ A_all) * mask) @ B_all over every adapter's columns at once (runtime.model.lora); the
         columns of other adapters add exact zeros, so a token's result does not depend on its neighbours'."""
-        y = dense(x, p[name], p.get("b" + name[1:]))
+        y = project(x, p, name)
         if lora is None or f"lora_a_{name}" not in p:
             return y
         return y + dense(dense(x, p[f"lora_a_{name}"]) * lora, p[f"lora_b_{name}"])

@@ -165,6 +165,10 @@ class BucketPlan:
         shapes = self.layout.full_buckets(self) + (self.layout.continuation_buckets(self) if self.contexts() else [])
         return [(b, n) for b in sorted({self.layout.head_batch(s) for s in shapes}) for n in self.labels]
 
+    def head_batches(self) -> list[int]:
+        """The batch sizes a head reads (a classification head's buckets: one per batch, no label count)."""
+        return sorted({b for b, _ in self.heads()})
+
     def split_full(self, lengths: list[int]) -> list[DeviceBatch]:
         """Whole sequences of these lengths (any order) as device batches."""
         return self.layout.split_full(self, lengths)
@@ -188,9 +192,9 @@ class BucketPlan:
             programs += [(PROGRAMS["label_logprobs"], bucket) for bucket in self.heads()]
             programs += [(PROGRAMS["token_logprobs"], bucket) for bucket in self.completions()]
             if self.lora:
-                programs += [(PROGRAMS["lora_class_logits"], (b,)) for b in sorted({b for b, _ in self.heads()})]
+                programs += [(PROGRAMS["lora_class_logits"], (b,)) for b in self.head_batches()]
         else:
-            programs += [(PROGRAMS["class_logits"], (b,)) for b in sorted({b for b, _ in self.heads()})]
+            programs += [(PROGRAMS["class_logits"], (b,)) for b in self.head_batches()]
         return programs
 
     def count(self, task: str = "causal_lm") -> int:

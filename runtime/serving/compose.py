@@ -75,17 +75,17 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
         host = f"; host {platforms.host_cpu().describe()}" if platform.backend == "cpu" else ""
         log.info("platform %s%s", platform.describe(), host)
 
+    base = array_shapes(cfg)  # the weights' shapes, from the config (the loader checked the weights against them)
+    projections = lora.projection_shapes(base)
+
     def model() -> Transformer:
         if arrays is not None:
-            adapted = arrays if not slots else arrays | lora.stacked(
-                list(adapters), lora.projection_shapes({n: a.shape for n, a in arrays.items()}), cfg.num_layers,
-                slots, rank)
+            adapted = arrays if not slots else arrays | lora.stacked(list(adapters), projections, cfg.num_layers,
+                                                                     slots, rank)
             return Transformer(cfg, adapted, platform.dtype, platform.kernels, plan.max_length)
-        base = array_shapes(cfg)
-        if slots:
-            base |= lora.stacked_shapes(lora.projection_shapes(base), cfg.num_layers, slots, rank)
+        shapes = base if not slots else base | lora.stacked_shapes(projections, cfg.num_layers, slots, rank)
         shapes = {name: jax.ShapeDtypeStruct(shape, np.int32 if name == "lora_columns" else np.float32)
-                  for name, shape in base.items()}
+                  for name, shape in shapes.items()}
         return nnx.eval_shape(lambda a: Transformer(cfg, a, platform.dtype, platform.kernels, plan.max_length),
                               shapes)
 

@@ -23,7 +23,7 @@ from runtime.serving.cost import ServiceModel, calibrate
 from runtime.serving.jobs import Job, TokenJob
 from runtime.serving.scheduler import Scheduler
 from runtime.serving.slices import Entry, Round
-from runtime.tasks.classifiers import Classifier, build_classifiers
+from runtime.tasks.classifiers import Classifier, adapter_heads, build_classifiers
 from runtime.model.loader import default_model_id
 from runtime.tasks.rerankers import Reranker, build_rerankers
 from runtime.settings import Settings, load_settings
@@ -58,7 +58,6 @@ class Engine:
         self.batch_invariant = False  # the platform's, once started
         self.platform_info: dict[str, str] = {}  # the platform's, once started
         self.adapters: tuple[str, ...] = ()  # the LoRA adapters served (slots 1..n), once loaded
-        self._own_heads: set[str] = set()  # of which classification adapters, scored with their own heads
 
     # ---- life cycle -------------------------------------------------------------------------------------
 
@@ -107,7 +106,6 @@ class Engine:
     def _take_adapters(self, adapters) -> None:
         """The LoRA adapters served (slots 1..n); a classification adapter's own head is a classifier of its name."""
         self.adapters = tuple(adapter.name for adapter in adapters)
-        self._own_heads = {adapter.name for adapter in adapters if adapter.head is not None}
         self.classifiers += tuple(
             Classifier(name=a.name, labels=a.labels, label_ids=tuple(range(len(a.labels))),
                        activation="softmax" if len(a.labels) > 1 else "sigmoid", adapter=a.name)
@@ -159,12 +157,12 @@ class Engine:
 
     def submit(self, sequences, label_ids, deadline: float | None = None,
                request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future:
-        return self._enqueue(Job(sequences, label_ids, self._slot(adapter), head=adapter in self._own_heads),
-                             deadline, request_id)
+        own_head = adapter in adapter_heads(self.classifiers)
+        return self._enqueue(Job(sequences, label_ids, self._slot(adapter), head=own_head), deadline, request_id)
 
     def submit_logprobs(self, sequences, sampling, deadline: float | None = None,
                         request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future:
-        if self.task != "causal_lm" or adapter in self._own_heads:
+        if self.task != "causal_lm" or adapter in adapter_heads(self.classifiers):
             raise ValueError(f"{adapter or self.model_id} is a classifier: it has no per-token log-probabilities")
         return self._enqueue(TokenJob(sequences, sampling, self._slot(adapter)), deadline, request_id)
 

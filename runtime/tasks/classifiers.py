@@ -85,6 +85,11 @@ class Classifier:
         return [*self.prefix_ids, *tokens, *self.suffix_ids]
 
 
+def adapter_heads(classifiers: tuple[Classifier, ...]) -> set[str]:
+    """The LoRA adapters served with their own classification head (each a classifier of its name)."""
+    return {c.adapter for c in classifiers if c.adapter}
+
+
 # ---- declarations ---------------------------------------------------------------------------------------
 
 def parse_classifiers(text: str, source: str) -> tuple[ClassifierSpec, ...]:
