@@ -1,7 +1,8 @@
-"""`scorefn` command line: serve, score, warmup, compile, prepare, bench, settings.
+"""`scorefn` command line: serve, batch, score, warmup, compile, prepare, bench, settings.
 
 Each command imports what it runs when it runs (imports inside the functions below, on purpose): `scorefn serve`
-replaces this process with granian and `scorefn settings` prints a table, neither loading JAX; `scorefn compile`
+replaces this process with granian, `scorefn batch` with the batch job (handler.batch: it drives the handler's
+core, which runtime/ never imports) and `scorefn settings` prints a table, neither loading JAX; `scorefn compile`
 and `bench --roofline` set JAX_PLATFORMS before JAX is imported."""
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "--workers-kill-timeout", str(int(settings.drain_grace_s) + 5),
             "handler.asgi:app" if args.interface == "asgi" else "handler.wsgi:application"]
     os.execv(sys.executable, argv)
+    return 1  # not reached
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    """Replace this process with `python -m handler.batch` (its own arguments; SIGTERM reaches it directly)."""
+    os.execv(sys.executable, [sys.executable, "-m", "handler.batch", *args.batch_args])
     return 1  # not reached
 
 
@@ -159,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--interface", choices=("asgi", "wsgi"), default="asgi")
     serve.set_defaults(func=cmd_serve)
 
+    batch = sub.add_parser("batch", add_help=False, help="score an OpenAI batch file (JSONL) in process or against "
+                           "a server, sharded and resumable; `scorefn batch --help` for its options")
+    batch.add_argument("batch_args", nargs=argparse.REMAINDER)
+    batch.set_defaults(func=cmd_batch)
+
     score = sub.add_parser("score", help="score items from the command line and print JSON")
     score.add_argument("--query", required=True)
     score.add_argument("--items", nargs="*", help="items appended to the query (default: one empty item)")
@@ -207,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     _configure_logging()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["batch"]:  # its arguments, --help included, are the batch job's own
+        return cmd_batch(argparse.Namespace(batch_args=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,68 @@
+"""Answering in process: the engine loaded in the job and every line through handler.core, as HTTP requests are.
+
+Lines in flight are concurrent requests to the engine, which coalesces them into device rounds. The job is the
+engine's only client and has no deadline, so admission may predict any wait: SCOREFN_MAX_WAIT_S and the request
+timeout are lifted, and a refusal that still comes (SCOREFN_MAX_QUEUE) is retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from handler.batch.answering import RETRIED_STATUSES, GaveUp, RetryPolicy
+from handler.batch.lines import Request
+from handler.batch.records import Answer
+from handler.core import ScoringCore
+from handler.http import JSON, HttpRequest, HttpResponse, PendingScore
+from handler.lifecycle import build_engine
+from runtime.settings import Settings
+
+log = logging.getLogger("scorefn.batch")
+NO_DEADLINE_S = 7 * 24 * 3600.0  # a batch line waits as long as the lines before it take
+
+
+class LocalTicket:
+    def __init__(self, core: ScoringCore, request: Request, retry: RetryPolicy) -> None:
+        self._core, self._request, self._retry = core, request, retry
+        self._outcome = self._begin()
+
+    def _begin(self) -> HttpResponse | PendingScore:
+        return self._core.begin(HttpRequest("POST", self._request.url, {"content-type": JSON}, self._request.body))
+
+    def result(self) -> Answer | None:
+        for attempt in range(self._retry.attempts):
+            outcome = self._outcome
+            if isinstance(outcome, PendingScore):
+                try:
+                    value = outcome.future.result()
+                except Exception as exc:  # the engine's verdict; the core maps it to its answer
+                    value = exc
+                outcome = self._core.finish(outcome, value)
+            headers = dict(outcome.headers)
+            if outcome.status not in RETRIED_STATUSES:
+                return Answer(outcome.status, headers.get("x-request-id", ""), outcome.body)
+            if not self._retry.wait(attempt, headers.get("retry-after")):
+                return None
+            self._outcome = self._begin()
+        raise GaveUp(f"line {self._request.line}: still {outcome.status} after {self._retry.attempts} tries")
+
+
+class LocalAnswerer:
+    def __init__(self, settings: Settings, retry: RetryPolicy) -> None:
+        self.settings = settings.replace(max_wait_s=NO_DEADLINE_S, request_timeout_s=NO_DEADLINE_S)
+        self.core = ScoringCore(self.settings, build_engine(self.settings))
+        self._retry = retry
+
+    def start_engine(self) -> float:
+        """Load the model and its executables (blocking); the seconds it took."""
+        started = time.perf_counter()
+        self.core.engine.start()
+        return time.perf_counter() - started
+
+    def start(self, request: Request) -> LocalTicket:
+        return LocalTicket(self.core, request, self._retry)
+
+    def close(self) -> None:
+        self.core.start_draining()
+        self.core.engine.stop(self.settings.drain_grace_s)
