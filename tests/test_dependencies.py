@@ -17,8 +17,8 @@ from tests.conftest import top_level_imports
 
 REPO = Path(__file__).resolve().parent.parent
 SERVED = ("handler", "runtime")
-# `scorefn bench` is a development tool: PyTorch for its baselines, httpx (the test extra) for its HTTP clients.
-DEV_ONLY = {"runtime/tools/bench.py": {"torch", "httpx"}, "runtime/tools/baselines.py": {"torch"}}
+# `scorefn bench` is a development tool: PyTorch (the test extra) for its baselines.
+DEV_ONLY = {"runtime/tools/bench.py": {"torch"}, "runtime/tools/baselines.py": {"torch"}}
 
 
 def _normalized(name: str) -> str:

@@ -16,6 +16,7 @@ from handler.batch.records import Answer
 from handler.core import ScoringCore
 from handler.http import JSON, HttpRequest, HttpResponse, PendingScore
 from handler.lifecycle import build_engine
+from runtime.interface import ScoringEngine
 from runtime.settings import Settings
 
 log = logging.getLogger("scorefn.batch")
@@ -49,9 +50,10 @@ class LocalTicket:
 
 
 class LocalAnswerer:
-    def __init__(self, settings: Settings, retry: RetryPolicy) -> None:
+    def __init__(self, settings: Settings, retry: RetryPolicy, engine: ScoringEngine | None = None) -> None:
+        """`engine`: the one to use, unstarted (default: runtime.serving.engine's, built from the settings)."""
         self.settings = settings.replace(max_wait_s=NO_DEADLINE_S, request_timeout_s=NO_DEADLINE_S)
-        self.core = ScoringCore(self.settings, build_engine(self.settings))
+        self.core = ScoringCore(self.settings, engine or build_engine(self.settings))
         self._retry = retry
 
     def start_engine(self) -> float:
