@@ -111,7 +111,8 @@ def describe(records: list[dict], seconds: float) -> dict[str, Any]:
                 [r.get("predicted_queue", math.nan) for r in records if r["status"] == 429], 50)}
 
 
-def summarize(data: dict[str, Any], max_wait_s: float, recover_within_s: float) -> dict[str, Any]:
+def summarize(data: dict[str, Any], max_wait_s: float, max_round_s: float,
+              recover_within_s: float) -> dict[str, Any]:
     records, bounds = data["records"], data["phases"]
     # One device round, as they ran: a one-item request is computed in a single round, its x-device-time.
     rounds = [r["device"] for r in records
@@ -119,7 +120,8 @@ def summarize(data: dict[str, Any], max_wait_s: float, recover_within_s: float) 
     summary: dict[str, Any] = {"calibrated_rate_per_s": round(data["rate"], 2),
                                "rates": {k: round(v, 3) for k, v in data.get("rates", {}).items()},
                                "multiple": data["plan"]["multiple"], "max_wait_s": max_wait_s,
-                               "round_budget_s": round_budget(max_wait_s), "round_p99_s": percentile(rounds, 99),
+                               "round_budget_s": round_budget(max_wait_s, max_round_s),
+                               "round_p99_s": percentile(rounds, 99),
                                "phases": {}}
     # The bound on the bounded requests' p99: SCOREFN_MAX_WAIT_S plus one device round.
     summary["latency_bound_s"] = bound = max_wait_s + max(summary["round_budget_s"], summary["round_p99_s"])
@@ -265,7 +267,8 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace, server_env: dict[str, str], query_words: int) -> int:
     reports = args.reports_dir
-    max_wait_s = load_settings(environ={**os.environ, **server_env}).max_wait_s
+    server_settings = load_settings(environ={**os.environ, **server_env})
+    max_wait_s, max_round_s = server_settings.max_wait_s, server_settings.max_round_s
     print(f"starting scorefn serve ({'small' if args.small_buckets else 'configured'} buckets) ...", flush=True)
     started = time.monotonic()
     server = ServerProcess(env=server_env, log_path=reports / "server.log")
@@ -279,7 +282,7 @@ def run(args: argparse.Namespace, server_env: dict[str, str], query_words: int) 
             data = run_locust(server.url, args, query_words)
     finally:
         exit_code = server.stop()
-    summary = summarize(data, max_wait_s, args.recover_within_s)
+    summary = summarize(data, max_wait_s, max_round_s, args.recover_within_s)
     rss = sampler.samples
     summary["rss_mb"] = {"start": rss[0][1], "end": rss[-1][1], "max": max(m for _, m in rss),
                          "second_half_slope_mb_per_min": slope_mb_per_min(rss),

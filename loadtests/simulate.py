@@ -29,6 +29,7 @@ from runtime.serving.cost import KINDS, ServiceModel, plan_work
 from runtime.serving.grid import GridLayout
 from runtime.serving.jobs import Job, TokenJob
 from runtime.serving.scheduler import Scheduler
+from runtime.settings import load_settings
 
 MIX = (("score 1 item", 10), ("score 32 items", 2), ("rerank", 2), ("completions", 2))  # loadtests/openloop.py
 BOUNDED = ("score 1 item", "completions")  # small requests: answered within SCOREFN_MAX_WAIT_S plus a round
@@ -97,6 +98,7 @@ def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, 
     now = [0.0]
     seed_model = ServiceModel(device.per_batch * 0.7, dict.fromkeys(KINDS, 1 / 700))  # as calibration might seed it
     scheduler = Scheduler(seed_model, lambda job: plan_work(plan, [job], marginal=True), 256, max_wait_s,
+                          load_settings(environ={}).max_round_s,
                           round_cost=lambda jobs: plan_work(plan, jobs), clock=lambda: now[0])
     events: list[tuple[float, int, str, Any]] = []
     counter = [0]

@@ -136,7 +136,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Admission: a small request (its own device work within half of this) is refused (429 "
             "rate_limit_exceeded, Retry-After) when it would not be answered within this many seconds; under "
             "overload the instance keeps at most 4x this of work queued. A device round holds a quarter of it, at "
-            "most 0.3 s."),
+            "most SCOREFN_MAX_ROUND_S."),
+    Setting("max_round_s", "0.3", _positive_float,
+            "The most predicted device seconds one round holds: a new small request waits for the round in flight, "
+            "so longer rounds delay its answer, and shorter ones split large requests into more slices. `scorefn "
+            "batch` in process sets 4 (nobody waits on its rounds)."),
     Setting("request_timeout_s", "30", float,
             "A request still queued after this many seconds is dropped with 503 (its work is not computed)."),
     Setting("api_keys", "", _csv_strs,
@@ -197,6 +201,7 @@ class Settings:
     max_body_bytes: int
     max_queue: int
     max_wait_s: float
+    max_round_s: float
     request_timeout_s: float
     api_keys: tuple[str, ...]
     drain_grace_s: float

@@ -2,7 +2,8 @@
 
 Lines in flight are concurrent requests to the engine, which coalesces them into device rounds. The job is the
 engine's only client and has no deadline, so admission may predict any wait: SCOREFN_MAX_WAIT_S and the request
-timeout are lifted, and a refusal that still comes (SCOREFN_MAX_QUEUE) is retried.
+timeout are lifted, rounds are longer (BATCH_ROUND_S), and a refusal that still comes (SCOREFN_MAX_QUEUE) is
+retried.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from runtime.settings import Settings
 
 log = logging.getLogger("scorefn.batch")
 NO_DEADLINE_S = 7 * 24 * 3600.0  # a batch line waits as long as the lines before it take
+# A round of a few seconds: a request of a few hundred items runs whole (its prefix once, its device batches full)
+# rather than in slices of SCOREFN_MAX_ROUND_S, and the round in flight still ends within Cloud Run's 10 s SIGTERM.
+BATCH_ROUND_S = 4.0
 
 
 class LocalTicket:
@@ -52,7 +56,8 @@ class LocalTicket:
 class LocalAnswerer:
     def __init__(self, settings: Settings, retry: RetryPolicy, engine: ScoringEngine | None = None) -> None:
         """`engine`: the one to use, unstarted (default: runtime.serving.engine's, built from the settings)."""
-        self.settings = settings.replace(max_wait_s=NO_DEADLINE_S, request_timeout_s=NO_DEADLINE_S)
+        self.settings = settings.replace(max_wait_s=NO_DEADLINE_S, request_timeout_s=NO_DEADLINE_S,
+                                         max_round_s=max(settings.max_round_s, BATCH_ROUND_S))
         self.core = ScoringCore(self.settings, engine or build_engine(self.settings))
         self._retry = retry
 

@@ -118,7 +118,8 @@ class Engine:
         self.plan = getattr(scorer, "plan", self.plan)
         self.service = service or ServiceModel.neutral()
         self._scheduler = Scheduler(self.service, lambda job: scorer.cost([job], marginal=True),
-                                    self.settings.max_queue, self.settings.max_wait_s, round_cost=scorer.cost,
+                                    self.settings.max_queue, self.settings.max_wait_s, self.settings.max_round_s,
+                                    round_cost=scorer.cost,
                                     slice_rows=scorer.slice_rows)
         self._thread = threading.Thread(target=self._device_loop, name="scorefn-device", daemon=True)
         self._thread.start()

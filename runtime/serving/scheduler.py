@@ -5,9 +5,9 @@ Requests are weighed in predicted device seconds of their padded tokens (runtime
 request's *own* work is its estimate alone; *small* requests (own work within half of SCOREFN_MAX_WAIT_S) are those
 whose latency the budget bounds.
 
-Rounds. A device round holds up to `round_s` (a quarter of SCOREFN_MAX_WAIT_S, at most ROUND_S) of predicted work: its
-requests are answered when all of it is done and a new small request waits for the round in flight, so longer rounds
-would only delay answers (shorter ones pay their device batches' price more often). Work is taken shortest predicted
+Rounds. A device round holds up to `round_s` (a quarter of SCOREFN_MAX_WAIT_S, at most SCOREFN_MAX_ROUND_S) of
+predicted work: its requests are answered when all of it is done and a new small request waits for the round in
+flight, so longer rounds would only delay answers (shorter ones pay their device batches' price more often). Work is taken shortest predicted
 remaining work first (ties: first come, first served), so a one-item request waits for the round in flight and for
 other small work, never for all of a 1,024-item one; large requests run in slices of their rows, each large enough
 that its device batch and its shared prefix cost little next to its rows (a slice larger than what is left of the
@@ -48,17 +48,15 @@ from runtime.serving.cost import ServiceModel, Work
 from runtime.serving.slices import Admission, Entry, Round, Slice
 
 
-ROUND_S = 0.3  # seconds: the longest round (see Rounds above)
-
-
 def fingerprint(job: Any) -> int:
     """Tells a request sent again from a new one: its token sequences (a Job's or a TokenJob's)."""
     return hash(tuple(map(tuple, job.sequences)))
 
 
-def round_budget(max_wait_s: float) -> float:
-    """The predicted seconds of work a device round holds: a quarter of SCOREFN_MAX_WAIT_S, at most ROUND_S."""
-    return min(max_wait_s / 4, ROUND_S)
+def round_budget(max_wait_s: float, max_round_s: float) -> float:
+    """The predicted seconds of work a device round holds: a quarter of SCOREFN_MAX_WAIT_S, at most
+    SCOREFN_MAX_ROUND_S."""
+    return min(max_wait_s / 4, max_round_s)
 
 
 class Scheduler:
@@ -70,15 +68,15 @@ class Scheduler:
     LOAD_WINDOWS_S = (30.0, 5.0)
 
     def __init__(self, model: ServiceModel, cost: Callable[[Any], Work], max_queue: int, max_wait_s: float,
-                 round_cost: Callable[[list], Work] | None = None, clock: Callable[[], float] = time.monotonic,
-                 slice_rows: Callable[[Any], int] | None = None) -> None:
+                 max_round_s: float, round_cost: Callable[[list], Work] | None = None,
+                 clock: Callable[[], float] = time.monotonic, slice_rows: Callable[[Any], int] | None = None) -> None:
         """`cost(job)`: a request's device work on a busy device (what it adds to a round); `round_cost(jobs)`: the
         work of a round as the scorer plans it (default: the sum of its slices'); `slice_rows(job)`: the fewest of
         its rows worth a slice (default 1)."""
         self.model = model
         self.max_queue = max_queue
         self.max_wait_s = max_wait_s
-        self.round_s = round_budget(max_wait_s)
+        self.round_s = round_budget(max_wait_s, max_round_s)
         self.backlog_limit_s = self.BACKLOG_WAITS * max_wait_s
         self.refused = {"wait": 0, "deadline": 0, "overload": 0, "queue": 0}
         self.admitted = 0

@@ -10,7 +10,8 @@ single-item latency), W2 (one long query x many 20-token items, 1 label: 1000x10
 accelerators or with --peer), W3 (concurrent HTTP clients vs one at a time; CPU, embedded model), W4 (64
 prompts of 256 tokens: every position's log-probability and top 5, as /v1/completions echoes them), W5
 (reranking: a 64-token query and 100 documents of 100 tokens in the reranker's template, yes/no labels, prefix
-sharing on and off). Every scorefn figure but W3 comes with `invariance_cost`: its time with the batch-invariant
+sharing on and off), Batch (W1-256 as a batch file of W1-256 lines through `scorefn batch` in process, its engine
+started before the clock, against W1-256's figure of the same run). Every scorefn figure but W3 comes with `invariance_cost`: its time with the batch-invariant
 kernels over without (SCOREFN_BATCH_INVARIANT), alternating runs in the same process.
 MFU is against the device's matmul peak measured in the same run: bfloat16 on an accelerator; on a CPU the faster
 of bfloat16 and float32 (without bfloat16 instructions float32 is the faster). --compile-times measures the default bucket set's
@@ -47,9 +48,10 @@ from runtime.serving.store import cache_events, enable_persistent_cache
 from runtime.settings import load_settings
 from runtime.tools.baselines import TorchScorer, random_checkpoint
 from runtime.tools.roofline import padding_report, roofline_report
-from runtime.tools.serverproc import ServerProcess
-from runtime.tools.workloads import (FIRST_ID, LORA_SIZE, QWEN3_CONFIG, W1_SIZES, W2_SIZES, W4_SIZE, W5_SIZE,
-                                     random_adapters, w1_request, w2_request, w4_prompts, w5_request)
+from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess, scorefn_command
+from runtime.tools.workloads import (BATCH_LINES, FIRST_ID, LORA_SIZE, QWEN3_CONFIG, W1_SIZES, W2_SIZES, W4_SIZE,
+                                     W5_SIZE, random_adapters, w1_batch_file, w1_request, w2_request, w4_prompts,
+                                     w5_request)
 
 
 
@@ -219,6 +221,22 @@ def run_lora(settings, loaded, scorer, vocab: int, smoke: bool, quick: bool) -> 
     entry["w1_ratio"] = entry["w1_mixed"]["items_per_s"] / entry["w1_base"]["items_per_s"]
     entry["w2_ratio"] = entry["w2_adapter"]["items_per_s"] / entry["w2_base"]["items_per_s"]
     return entry
+
+
+def run_batch(vocab: int, items: int, lines: int, env: dict[str, str]) -> dict:
+    """W1 requests of `items` items as a batch file of `lines` lines through `scorefn batch` in process: the
+    job's own items/s (from its summary: the engine's start is not counted)."""
+    with tempfile.TemporaryDirectory(prefix="scorefn-bench-batch-") as tmp:
+        source, output = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
+        source.write_text(w1_batch_file(vocab, items, lines))
+        done = subprocess.run(scorefn_command("batch", str(source), str(output), "--progress", "log",
+                                              "--progress-interval", "3600"),
+                              env={**os.environ, **env}, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"scorefn batch failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"lines": lines, "items": summary["items"], "errors": summary["errors"],
+            "items_per_s": summary["items_per_s"], "elapsed_s": summary["elapsed_s"]}
 
 
 def compile_times(model_dir: Path) -> dict:
@@ -393,6 +411,16 @@ def main(args: argparse.Namespace) -> int:
                 f"{w5[f'torch_{dt}_prefix_cache']['items_per_s']:.1f} documents/s"
     print(line, flush=True)
 
+    if not config:  # the embedded model (or SCOREFN_MODEL): what `scorefn batch` loads by itself
+        batch_items = W1_SIZES[1] if smoke else W1_SIZES[-1]
+        report["batch"] = run_batch(vocab, batch_items, 2 if smoke else BATCH_LINES,
+                                    {**SMALL_BUCKETS, "SCOREFN_DTYPE": platform.dtype} if smoke else {})
+        report["batch"]["vs_w1"] = report["batch"]["items_per_s"] / report["w1"][batch_items]["scorefn"]["items_per_s"]
+        ba = report["batch"]
+        print(f"Batch file of {ba['lines']} W1-{batch_items} lines in process: {ba['items_per_s']:.1f} items/s "
+              f"({ba['vs_w1']:.2f}x W1-{batch_items}'s {report['w1'][batch_items]['scorefn']['items_per_s']:.1f})",
+              flush=True)
+
     if not args.skip_http and not config:
         env = {"SCOREFN_LENGTH_BUCKETS": "32,64", "SCOREFN_BATCH_BUCKETS": "1,2,4,8,16,32",
                "SCOREFN_SUFFIX_LENGTH_BUCKETS": "16", "SCOREFN_SUFFIX_BATCH_BUCKETS": "8",
@@ -444,6 +472,8 @@ def _summary(report: dict, baselines: dict) -> dict:
     # LoRA adapters mixed in a round, against the base model on the same requests (the aim: at least 0.8).
     summary["lora_w1_vs_base"] = round(report["lora"]["w1_ratio"], 3)
     summary["lora_w2_vs_base"] = round(report["lora"]["w2_ratio"], 3)
+    if "batch" in report:  # `scorefn batch` in process against the same requests through the scorer (the aim: 0.9)
+        summary["batch_vs_w1"] = round(report["batch"]["vs_w1"], 3)
     # Time with the batch-invariant kernels over without, per workload (the aim: at most 1.1 on a CPU).
     costs = {f"w1_{n}": entry["scorefn"]["invariance_cost"] for n, entry in report["w1"].items()}
     costs |= {name: report[name]["scorefn"]["invariance_cost"]

@@ -6,12 +6,14 @@ W2: one long query x many 20-token items, 1 label: 1000x100, and 2000x500 (the p
 W4: 64 prompts of 256 tokens, every position's log-probability and top 5 (as /v1/completions echoes them).
 W5: reranking, as the built-in yes/no reranker lays a pair out: template head, a 64-token query, 100 documents of
 100 tokens, template tail, yes/no labels.
+Batch: W1-256 as a batch file, each line one W1-256 request (`scorefn batch` in process, against W1-256's figure).
 LoRA: 8 seeded random adapters of rank 16 on every projection; W1-256 as 8 requests of 32 items, one adapter each
 (one device round mixes them), and W2 with one adapter, against the base model on the same requests.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,7 @@ W2_SIZES = {"w2": (1000, 100, 20), "w2_peer": (2000, 500, 20)}  # query tokens, 
 W4_SIZE = (64, 256, 5)  # prompts, tokens each, top alternatives per position (echo + logprobs)
 W5_SIZE = (27, 64, 100, 100, 22)  # head tokens, query tokens, documents, document tokens, tail tokens
 LORA_SIZE = (8, 16, 8)  # adapters, rank, requests W1-256 is split into
+BATCH_LINES = 16  # W1-256 requests in the batch file
 FIRST_ID = 100  # generated token IDs avoid the low IDs most vocabularies reserve for special tokens
 
 
@@ -39,6 +42,17 @@ def w1_request(vocab: int, items: int, seed: int = 1) -> tuple[list[list[int]], 
     query = token_ids(rng, vocab, W1_QUERY)
     lengths = rng.integers(W1_ITEM - 2, W1_ITEM + 3, items)
     return [query + token_ids(rng, vocab, int(n)) for n in lengths], token_ids(rng, vocab, 3)
+
+
+def w1_batch_file(vocab: int, items: int, lines: int) -> str:
+    """W1 requests of `items` items as an OpenAI batch file (token IDs: the query, then each item's own tokens)."""
+    out = []
+    for line in range(lines):
+        sequences, labels = w1_request(vocab, items, seed=100 + line)
+        body = {"query": sequences[0][:W1_QUERY], "items": [s[W1_QUERY:] for s in sequences],
+                "label_token_ids": labels}
+        out.append(json.dumps({"custom_id": f"w1-{line}", "method": "POST", "url": "/v1/score", "body": body}))
+    return "\n".join(out) + "\n"
 
 
 def w2_request(vocab: int, query_tokens: int, items: int, item_tokens: int) -> tuple[list[int], list[list[int]]]:

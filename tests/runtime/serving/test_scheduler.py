@@ -48,7 +48,8 @@ class Clock:
 def scheduler(cost=full_cost, max_wait_s: float = 2.0, max_queue: int = 256, per_batch: float = 0.0
               ) -> tuple[Scheduler, Clock]:
     clock = Clock()
-    return Scheduler(ServiceModel(per_batch, SECONDS_PER_TOKEN), cost, max_queue, max_wait_s, clock=clock), clock
+    return Scheduler(ServiceModel(per_batch, SECONDS_PER_TOKEN), cost, max_queue, max_wait_s,
+                     load_settings(environ={}).max_round_s, clock=clock), clock
 
 
 def run(s: Scheduler, clock: Clock) -> list[tuple[str | None, int, int]]:

@@ -8,9 +8,10 @@ import pytest
 
 from loadtests.simulate import MIX, simulate, summarize
 from runtime.serving.scheduler import round_budget
+from runtime.settings import load_settings
 
 MAX_WAIT_S = 2.0
-ROUND_S = round_budget(MAX_WAIT_S)
+ROUND_S = round_budget(MAX_WAIT_S, load_settings(environ={}).max_round_s)
 
 
 @pytest.mark.parametrize("bulk_items", [256, 1024])
