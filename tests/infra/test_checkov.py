@@ -32,7 +32,8 @@ def checkov_binary() -> Path:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory, rendered: dict[str, list[dict[str, Any]]]) -> list[dict]:
+def report(tmp_path_factory: pytest.TempPathFactory, rendered: dict[str, list[dict[str, Any]]],
+           rendered_batch: dict[str, list[dict[str, Any]]]) -> list[dict]:
     checkov = checkov_binary()
     # One scan over a staging dir: checkov recognises Dockerfiles by name only, and scans the
     # manifests as kustomize renders them (the overlays are patches, not whole resources).
@@ -43,6 +44,7 @@ def report(tmp_path_factory: pytest.TempPathFactory, rendered: dict[str, list[di
     (stage / "k8s").mkdir()
     for overlay in OVERLAYS:
         (stage / "k8s" / f"{overlay}.yaml").write_text(yaml.safe_dump_all(rendered[overlay]))
+        (stage / "k8s" / f"batch-{overlay}.yaml").write_text(yaml.safe_dump_all(rendered_batch[overlay]))
     result = run([checkov, "--directory", stage, "--config-file", CONFIG,
                   "--framework", "dockerfile", "terraform", "kubernetes",
                   "--skip-download", "--output", "json"],
