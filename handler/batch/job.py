@@ -77,6 +77,7 @@ def run(prepared: Prepared, answerer: Answerer, stop: threading.Event) -> dict:
             window.append((parsed, Done(refused(parsed)) if isinstance(parsed, Refusal) else answerer.start(parsed)))
             while len(window) >= spec.window:
                 writer.write(*window.popleft())
+        stopped = stop.is_set()  # before the answerer closes (closing sets it, to end any retry's wait)
     except GaveUp:
         stop.set()
         raise
@@ -89,7 +90,7 @@ def run(prepared: Prepared, answerer: Answerer, stop: threading.Event) -> dict:
             out.close()
     summary = progress.close()
     return {**summary, "output": str(out.path), "shard": str(spec.shard), "redone_torn_bytes": out.cut_bytes,
-            "stopped": stop.is_set(), "left": summary["lines"] - summary["answered"]}
+            "stopped": stopped, "left": summary["lines"] - summary["answered"]}
 
 
 class _Writer:

@@ -63,6 +63,7 @@ def whole(input_path, server, tmp_path_factory) -> list[dict]:
     status, logged = finished(batch(input_path, output, "--url", server.url))
     assert status == 0, logged[-5:]
     assert logged[-1]["message"] == "batch done" and logged[-1]["errors"] == {"invalid_json": 1}
+    assert not logged[-1]["stopped"] and logged[-1]["left"] == 0
     return records(output)
 
 

@@ -25,6 +25,7 @@ def test_every_line_gets_what_its_endpoint_answers_over_http_in_input_order(tmp_
     out = records(tmp_path / "out.jsonl")
     assert [r["custom_id"] for r in out] == [line["custom_id"] for line in lines]
     assert summary["answered"] == summary["lines"] == 7 and summary["items"] == 21 + 1 and summary["errors"] == {}
+    assert not summary["stopped"] and summary["left"] == 0
     engine = FakeEngine()
     with serve("wsgi", make_settings(), engine) as client:
         for line, record in zip(lines, out):
