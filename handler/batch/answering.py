@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from handler.batch.lines import Request
@@ -33,6 +34,13 @@ class Done:
         return self.answer
 
 
+@dataclasses.dataclass(frozen=True)
+class Retry:
+    """A try that asks to be tried again: what went wrong, and the server's Retry-After if it gave one."""
+    failure: str
+    retry_after: str | None = None
+
+
 class GaveUp(Exception):
     """A line could not be answered after every retry: the job stops (a re-run goes on from there)."""
 
@@ -53,3 +61,14 @@ class RetryPolicy:
         if delay is None:
             delay = min(self.base_s * 2 ** retry, self.cap_s) * random.uniform(0.5, 1.0)
         return not self.stop.wait(delay)
+
+    def answer(self, line: int, attempt: Callable[[int], Answer | Retry]) -> Answer | None:
+        """Try `attempt(k)` (k = 0, 1, ...) until it answers; None when the job stops first, GaveUp after the last
+        try (naming the line and its last failure)."""
+        for k in range(self.attempts):
+            outcome = attempt(k)
+            if isinstance(outcome, Answer):
+                return outcome
+            if not self.wait(k, outcome.retry_after):
+                return None
+        raise GaveUp(f"line {line}: {outcome.failure} after {self.attempts} tries")

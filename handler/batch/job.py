@@ -71,9 +71,12 @@ def run(prepared: Prepared, answerer: Answerer, stop: threading.Event) -> dict:
         for line in read_lines(spec.input):
             if stop.is_set():
                 break
-            if not spec.shard.holds(line.index) or key_of(line) in out.answered:
+            if not spec.shard.holds(line.index):
                 continue
-            parsed = parse(line)
+            key = key_of(line)
+            if key in out.answered:
+                continue
+            parsed = parse(line, key)
             window.append((parsed, Done(refused(parsed)) if isinstance(parsed, Refusal) else answerer.start(parsed)))
             while len(window) >= spec.window:
                 writer.write(*window.popleft())

@@ -103,8 +103,8 @@ def keys(path: Path) -> list[Key]:
     return out
 
 
-def parse(line: Line) -> Request | Refusal:
-    key = key_of(line)
+def parse(line: Line, key: Key) -> Request | Refusal:
+    """The line as a request for an endpoint, or why it cannot be one; `key`: key_of(line), which the caller has."""
     try:
         fields = _LINE.decode(line.raw)
     except msgspec.ValidationError:

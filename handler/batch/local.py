@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from handler.batch.answering import RETRIED_STATUSES, GaveUp, RetryPolicy
+from handler.batch.answering import RETRIED_STATUSES, Retry, RetryPolicy
 from handler.batch.lines import Request
 from handler.batch.records import Answer
 from handler.core import ScoringCore
@@ -36,21 +36,21 @@ class LocalTicket:
         return self._core.begin(HttpRequest("POST", self._request.url, {"content-type": JSON}, self._request.body))
 
     def result(self) -> Answer | None:
-        for attempt in range(self._retry.attempts):
-            outcome = self._outcome
-            if isinstance(outcome, PendingScore):
-                try:
-                    value = outcome.future.result()
-                except Exception as exc:  # the engine's verdict; the core maps it to its answer
-                    value = exc
-                outcome = self._core.finish(outcome, value)
-            headers = dict(outcome.headers)
-            if outcome.status not in RETRIED_STATUSES:
-                return Answer(outcome.status, headers.get("x-request-id", ""), outcome.body)
-            if not self._retry.wait(attempt, headers.get("retry-after")):
-                return None
-            self._outcome = self._begin()
-        raise GaveUp(f"line {self._request.line}: still {outcome.status} after {self._retry.attempts} tries")
+        return self._retry.answer(self._request.line, self._try)
+
+    def _try(self, attempt: int) -> Answer | Retry:
+        """The first try was begun with the ticket (the line is in the engine's queue); later ones begin here."""
+        outcome = self._outcome if attempt == 0 else self._begin()
+        if isinstance(outcome, PendingScore):
+            try:
+                value = outcome.future.result()
+            except Exception as exc:  # the engine's verdict; the core maps it to its answer
+                value = exc
+            outcome = self._core.finish(outcome, value)
+        headers = dict(outcome.headers)
+        if outcome.status in RETRIED_STATUSES:
+            return Retry(f"still {outcome.status}", headers.get("retry-after"))
+        return Answer(outcome.status, headers.get("x-request-id", ""), outcome.body)
 
 
 class LocalAnswerer:

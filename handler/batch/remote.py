@@ -9,7 +9,7 @@ import logging
 import httpx
 import msgspec
 
-from handler.batch.answering import RETRIED_STATUSES, GaveUp, RetryPolicy
+from handler.batch.answering import RETRIED_STATUSES, Retry, RetryPolicy
 from handler.batch.lines import Request
 from handler.batch.records import Answer
 from handler.http import JSON
@@ -34,19 +34,16 @@ class RemoteAnswerer:
         return self._pool.submit(self._answer, request)
 
     def _answer(self, request: Request) -> Answer | None:
-        failure = ""
-        for attempt in range(self._retry.attempts):
-            try:
-                response = self._http.post(request.url, content=request.body)
-            except httpx.TransportError as exc:  # refused, reset, timed out: the server may be starting or gone
-                failure, retry_after = f"{type(exc).__name__}: {exc}", None
-            else:
-                if response.status_code not in RETRIED_STATUSES and _is_json(response.content):
-                    return Answer(response.status_code, response.headers.get("x-request-id", ""), response.content)
-                failure, retry_after = f"HTTP {response.status_code}", response.headers.get("retry-after")
-            if not self._retry.wait(attempt, retry_after):
-                return None
-        raise GaveUp(f"line {request.line}: {failure} after {self._retry.attempts} tries")
+        return self._retry.answer(request.line, lambda attempt: self._try(request))
+
+    def _try(self, request: Request) -> Answer | Retry:
+        try:
+            response = self._http.post(request.url, content=request.body)
+        except httpx.TransportError as exc:  # refused, reset, timed out: the server may be starting or gone
+            return Retry(f"{type(exc).__name__}: {exc}")
+        if response.status_code in RETRIED_STATUSES or not _is_json(response.content):
+            return Retry(f"HTTP {response.status_code}", response.headers.get("retry-after"))
+        return Answer(response.status_code, response.headers.get("x-request-id", ""), response.content)
 
     def close(self) -> None:
         self._retry.stop.set()  # a line waiting to retry gives up at once: it stays unanswered
