@@ -7,13 +7,14 @@ whose latency the budget bounds.
 
 Rounds. A device round holds up to `round_s` (a quarter of SCOREFN_MAX_WAIT_S, at most SCOREFN_MAX_ROUND_S) of
 predicted work: its requests are answered when all of it is done and a new small request waits for the round in
-flight, so longer rounds would only delay answers (shorter ones pay their device batches' price more often). Work is taken shortest predicted
-remaining work first (ties: first come, first served), so a one-item request waits for the round in flight and for
-other small work, never for all of a 1,024-item one; large requests run in slices of their rows, each large enough
-that its device batch and its shared prefix cost little next to its rows (a slice larger than what is left of the
-budget is still taken while half of it is left). The request that has waited longest gets OLDEST_SHARE of the device
-time of every round it is not in (a credit spent on its next slice), so the largest request moves on however much
-smaller work keeps arriving; one that has waited half of its deadline without starting starts in the next round.
+flight, so longer rounds would only delay answers (shorter ones pay their device batches' price more often). Work is
+taken shortest predicted remaining work first (ties: first come, first served), so a one-item request waits for the
+round in flight and for other small work, never for all of a 1,024-item one; large requests run in slices of their
+rows, each large enough that its device batch and its shared prefix cost little next to its rows (a slice larger
+than what is left of the budget is still taken while half of it is left). The request that has waited longest gets
+OLDEST_SHARE of the device time of every round it is not in (a credit spent on its next slice), so the largest
+request moves on however much smaller work keeps arriving; one that has waited half of its deadline without starting
+starts in the next round.
 
 Admission (`own`: the request's work; `ahead`: the remaining work of the queued requests shorter than it; `inflight`:
 the rounds dispatched and not done):

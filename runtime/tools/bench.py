@@ -11,8 +11,9 @@ accelerators or with --peer), W3 (concurrent HTTP clients vs one at a time; CPU,
 prompts of 256 tokens: every position's log-probability and top 5, as /v1/completions echoes them), W5
 (reranking: a 64-token query and 100 documents of 100 tokens in the reranker's template, yes/no labels, prefix
 sharing on and off), Batch (W1-256 as a batch file of W1-256 lines through `scorefn batch` in process, its engine
-started before the clock, against W1-256's figure of the same run). Every scorefn figure but W3 comes with `invariance_cost`: its time with the batch-invariant
-kernels over without (SCOREFN_BATCH_INVARIANT), alternating runs in the same process.
+started before the clock, against W1-256's figure of the same run). Every scorefn figure but W3 comes with
+`invariance_cost`: its time with the batch-invariant kernels over without (SCOREFN_BATCH_INVARIANT), alternating
+runs in the same process.
 MFU is against the device's matmul peak measured in the same run: bfloat16 on an accelerator; on a CPU the faster
 of bfloat16 and float32 (without bfloat16 instructions float32 is the faster). --compile-times measures the default bucket set's
 warm-up cold and from the persistent cache, each in a fresh process. The last output line is one JSON summary.
