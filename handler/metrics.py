@@ -46,6 +46,10 @@ _ENGINE_GAUGES = {
     "service_seconds_per_batch": "Estimated fixed device seconds of one device batch (from the rounds run).",
     "service_tokens_per_second": "Estimated device throughput in padded tokens per second, by bucket kind "
                                  "(full, context, continuation, completion), once batches are large.",
+    "startup_seconds": "Seconds of each phase of the start (boot, import, load, compile, calibrate): their sum is "
+                       "the time from the process's start to ready.",
+    "startup_executables": "The start's executables by where they came from: stored (the executable store, e.g. "
+                           "baked into the image), cache_hit (XLA's persistent cache) or compiled.",
 }
 
 

@@ -199,6 +199,11 @@ class Engine:
         if self._scheduler is not None:
             stats.update(self._scheduler.stats(), service_seconds_per_batch=self.service.per_batch,
                          service_tokens_per_second=self.service.tokens_per_second())
+        if self.timings:  # the start, once it is done: its phases and where its executables came from
+            stats["startup_seconds"] = {key.removesuffix("_s"): value for key, value in self.timings.items()
+                                        if key.endswith("_s")}
+            stats["startup_executables"] = {"stored": self.timings["stored"], "cache_hit": self.timings["cache_hits"],
+                                            "compiled": self.timings["cache_misses"]}
         return stats
 
     # ---- the device thread ----------------------------------------------------------------------------
