@@ -17,6 +17,7 @@ import dataclasses
 import hmac
 import logging
 import time
+from typing import Any
 
 import msgspec
 
@@ -30,6 +31,7 @@ from handler.logs import log_access
 from handler.metrics import Metrics
 from handler.rerank import RERANK, reranker_cards
 from handler.score import SCORE
+from handler.tracing import request_span
 from handler.validation import decode_body, validate_tokenize_request
 from runtime.interface import DeadlineExceeded, QueueFull, ScoringEngine, ShuttingDown
 from runtime.settings import Settings
@@ -95,42 +97,54 @@ class ScoringCore:
 
     def begin(self, request: HttpRequest) -> HttpResponse | PendingScore:
         request_id = request_id_of(request)
-        if self.settings.log_requests_debug and request.body:
-            body = request.body[:_LOGGED_BODY_BYTES].decode("utf-8", "replace")
-            log.info("request %s body", request_id, extra={"json_fields": {"request_id": request_id, "body": body}})
-        try:
-            outcome = self._dispatch(request, request_id)
-        except ApiError as error:
-            outcome = error_response(error)
-        except Exception:
-            log.exception("request %s: unexpected error", request_id)
-            outcome = error_response(internal_error())
-        if isinstance(outcome, PendingScore):
-            return outcome
-        return self._complete(request, request_id, outcome)
+        span = self._span(request, request_id)
+        with span.current():
+            if self.settings.log_requests_debug and request.body:
+                body = request.body[:_LOGGED_BODY_BYTES].decode("utf-8", "replace")
+                log.info("request %s body", request_id, extra={"json_fields": {"request_id": request_id,
+                                                                               "body": body}})
+            try:
+                outcome = self._dispatch(request, request_id, span)
+            except ApiError as error:
+                outcome = error_response(error)
+            except Exception:
+                log.exception("request %s: unexpected error", request_id)
+                outcome = error_response(internal_error())
+            if isinstance(outcome, PendingScore):
+                return outcome
+            return self._complete(request, request_id, outcome, span)
 
     def finish(self, pending: PendingScore, outcome: object) -> HttpResponse:
         """The response for a PendingScore, given the future's result or the exception it raised."""
-        try:
-            if isinstance(outcome, BaseException):
-                raise self._engine_error(pending.request_id, outcome)
-            body = pending.scoring.respond(pending.job, outcome, self.engine)
-            job = pending.job
-            self.metrics.observe_scored(len(job.sequences), job.n_tokens, outcome.queue_seconds,
-                                        outcome.device_seconds)
-            response = json_response(200, body)
-        except ApiError as error:
-            response = error_response(error)
-        except Exception as exc:  # building the response failed: a bug, or a result of the wrong shape
-            response = error_response(self._engine_error(pending.request_id, exc))
-        result = None if isinstance(outcome, BaseException) else outcome
-        return self._complete(pending.request, pending.request_id, response, pending.job, result)
+        with pending.span.current():
+            try:
+                if isinstance(outcome, BaseException):
+                    raise self._engine_error(pending.request_id, outcome)
+                with pending.span.child("encode"):
+                    response = json_response(200, pending.scoring.respond(pending.job, outcome, self.engine))
+                job = pending.job
+                self.metrics.observe_scored(len(job.sequences), job.n_tokens, outcome.queue_seconds,
+                                            outcome.device_seconds)
+            except ApiError as error:
+                response = error_response(error)
+            except Exception as exc:  # building the response failed: a bug, or a result of the wrong shape
+                response = error_response(self._engine_error(pending.request_id, exc))
+            result = None if isinstance(outcome, BaseException) else outcome
+            return self._complete(pending.request, pending.request_id, response, pending.span, pending.job, result)
+
+    def _span(self, request: HttpRequest, request_id: str):
+        path = _normalized(request.path)
+        return request_span(request.method, request.path, request.headers, path if path in ENDPOINTS else None,
+                            request.started, None if request.body is None else len(request.body), request_id)
 
     # -- routing -------------------------------------------------------------------------------------------
 
     def reject(self, request: HttpRequest, error: ApiError) -> HttpResponse:
         """An error the face found before the core saw the request (e.g. malformed HTTP), logged and counted."""
-        return self._complete(request, request_id_of(request), error_response(error))
+        request_id = request_id_of(request)
+        span = self._span(request, request_id)
+        with span.current():
+            return self._complete(request, request_id, error_response(error), span)
 
     def reject_unrouted(self, request: HttpRequest) -> HttpResponse:
         """The 404 or 405 for a request the framework could not route, worded as the core words it."""
@@ -151,7 +165,7 @@ class ScoringCore:
                            f"use {endpoint.method}.", headers=(("allow", _allow(endpoint)),))
         return endpoint
 
-    def _dispatch(self, request: HttpRequest, request_id: str) -> HttpResponse | PendingScore:
+    def _dispatch(self, request: HttpRequest, request_id: str, span: Any) -> HttpResponse | PendingScore:
         endpoint = self._route(request)
         path = _normalized(request.path)
         if request.method == "OPTIONS":  # what Litestar answers by itself, so both faces agree
@@ -159,7 +173,7 @@ class ScoringCore:
         if path.startswith(_AUTHENTICATED_PREFIXES):
             self._authenticate(request)
         if endpoint.scoring is not None:
-            return self._submit(request, request_id, endpoint.scoring)
+            return self._submit(request, request_id, endpoint.scoring, span)
         if path == "/v1/tokenize":
             return self._tokenize(request)
         if path == "/v1/models":
@@ -202,16 +216,20 @@ class ScoringCore:
 
     # -- endpoints -----------------------------------------------------------------------------------------
 
-    def _submit(self, request: HttpRequest, request_id: str, scoring: Scoring) -> PendingScore:
+    def _submit(self, request: HttpRequest, request_id: str, scoring: Scoring, span: Any) -> PendingScore:
         body = self._body(request)
         engine = self._require_ready()
-        job = scoring.validate(decode_body(scoring.decoder, body), engine, self.settings)
+        with span.child("validate"):
+            job = scoring.validate(decode_body(scoring.decoder, body), span.validating(engine), self.settings)
+            span.tokenized()
         deadline = time.monotonic() + self.settings.request_timeout_s
         try:
             future = scoring.submit(engine, job, deadline, request_id)
         except Exception as exc:
+            if isinstance(exc, QueueFull):
+                span.refused(exc)
             raise self._engine_error(request_id, exc) from None
-        return PendingScore(request, request_id, job, future, scoring)
+        return PendingScore(request, request_id, job, future, scoring, span)
 
     def _tokenize(self, request: HttpRequest) -> HttpResponse:
         body = self._body(request)
@@ -249,8 +267,9 @@ class ScoringCore:
         log.error("request %s: scoring failed", request_id, exc_info=exc)
         return internal_error()
 
-    def _complete(self, request: HttpRequest, request_id: str, response: HttpResponse,
+    def _complete(self, request: HttpRequest, request_id: str, response: HttpResponse, span: Any,
                   job: ValidatedRequest | None = None, result: object = None) -> HttpResponse:
+        """Headers, metrics, the access log line and the span's end (the span is the current one)."""
         total = time.perf_counter() - request.started
         path = _normalized(request.path)
         endpoint = ENDPOINTS.get(path)
@@ -267,6 +286,7 @@ class ScoringCore:
                    queue_seconds=result.queue_seconds if result else None,
                    device_seconds=result.device_seconds if result else None,
                    quiet=endpoint is not None and endpoint.quiet)
+        span.end(response.status, len(response.body), response.error_code, job, result)
         return HttpResponse(response.status, response.headers + headers, response.body)
 
 

@@ -34,6 +34,7 @@ class HttpResponse:
     status: int
     headers: list[tuple[str, str]]  # content-type included
     body: bytes
+    error_code: str | None = None  # an error's RFC-006 code (its span says it)
 
     @property
     def media_type(self) -> str:
@@ -69,6 +70,7 @@ class PendingScore:
     job: ValidatedRequest
     future: concurrent.futures.Future
     scoring: Scoring
+    span: Any  # the request's span (handler.tracing), ended when its answer is built
 
 
 def json_response(status: int, payload: msgspec.Struct, headers: list[tuple[str, str]] | None = None) -> HttpResponse:
@@ -81,7 +83,7 @@ def error_response(error: ApiError) -> HttpResponse:
     if spec.retry_after_s is not None and not any(name == "retry-after" for name, _ in extra):
         extra.append(("retry-after", str(spec.retry_after_s)))  # the default, unless the error says when
     envelope = ErrorEnvelope(error=ErrorBody(message=error.message, type=spec.type, param=error.param, code=error.code))
-    return json_response(spec.status, envelope, extra)
+    return dataclasses.replace(json_response(spec.status, envelope, extra), error_code=error.code)
 
 
 def request_id_of(request: HttpRequest) -> str:

@@ -10,6 +10,7 @@ import threading
 import time
 
 from handler.core import ScoringCore
+from runtime import tracing
 from runtime.interface import ScoringEngine
 from runtime.settings import Settings
 
@@ -29,22 +30,24 @@ def build_engine(settings: Settings) -> ScoringEngine:
 EXIT_START_FAILED = 3
 
 
-def warm_up(core: ScoringCore, exit_on_failure: bool = False) -> None:
+def warm_up(core: ScoringCore, owns_process: bool = False) -> None:
     """Build the core's engine if it has none, then start it (loads weights, compiles every bucket).
 
-    `exit_on_failure` (the served apps): a start that fails logs its cause once, at CRITICAL with the traceback,
-    and ends the process at once, so `make serve` returns with the message on screen and Cloud Run or Kubernetes
-    restart the instance and show the failure. Otherwise (apps built in tests) the failure is logged at ERROR
-    and /ready stays 503.
+    `owns_process` (the served apps): tracing is set up from the OTEL_* variables first (runtime.tracing), and a
+    start that fails logs its cause once, at CRITICAL with the traceback, and ends the process at once, so `make
+    serve` returns with the message on screen and Cloud Run or Kubernetes restart the instance and show the
+    failure. Otherwise (apps built in tests) the failure is logged at ERROR and /ready stays 503.
     """
     started = time.perf_counter()
     try:
+        if owns_process and tracing.configure():
+            log.info("tracing: exporting spans (OTEL_* variables)")
         if core.engine is None:
             core.engine = build_engine(core.settings)
         if not core.engine.ready:
             core.engine.start()
     except Exception as exc:
-        if not exit_on_failure:
+        if not owns_process:
             log.exception("engine start failed; /ready stays 503")
             return
         log.critical("engine start failed, exiting: %s: %s", type(exc).__name__, exc, exc_info=True)
@@ -68,6 +71,7 @@ def shut_down(core: ScoringCore) -> None:
     if core.engine is not None:
         core.engine.stop(core.settings.drain_grace_s)
         log.info("stopped")
+    tracing.flush()  # the last requests' spans leave before the process does
 
 
 class Drain:
@@ -121,9 +125,9 @@ class Drain:
 class BackgroundWarmup:
     """Runs warm_up once per process in a daemon thread (WSGI has no lifespan; a forked worker starts its own)."""
 
-    def __init__(self, core: ScoringCore, exit_on_failure: bool = False) -> None:
+    def __init__(self, core: ScoringCore, owns_process: bool = False) -> None:
         self._core = core
-        self._exit_on_failure = exit_on_failure
+        self._owns_process = owns_process
         self._lock = threading.Lock()
         self._pid: int | None = None
         self.thread: threading.Thread | None = None
@@ -135,6 +139,6 @@ class BackgroundWarmup:
             if self._pid == os.getpid():
                 return
             self._pid = os.getpid()
-            self.thread = threading.Thread(target=warm_up, args=(self._core, self._exit_on_failure),
+            self.thread = threading.Thread(target=warm_up, args=(self._core, self._owns_process),
                                            name="scorefn-warmup", daemon=True)
             self.thread.start()

@@ -12,6 +12,8 @@ import logging
 import sys
 from typing import Any, TextIO
 
+from runtime import tracing
+
 access_log = logging.getLogger("scorefn.access")
 
 _MAX_PATH_CHARS = 512
@@ -52,6 +54,7 @@ class JsonLineFormatter(logging.Formatter):
             "logger": record.name,
         }
         payload.update(getattr(record, "json_fields", None) or {})
+        payload.update(tracing.log_fields())  # written while serving a request: its span's ids
         if record.exc_info:
             payload["exception"] = self.formatException(record.exc_info)
         return json.dumps(payload, default=str)

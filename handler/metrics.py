@@ -27,6 +27,9 @@ _ENGINE_COUNTERS = {
 _ENGINE_COUNTERS.update({
     "device_rounds": "Device rounds run (each computes the slices of the requests it holds).",
     "round_sequences": "Sequences computed in device rounds.",
+    "round_tokens": "Tokens of the sequences computed in device rounds.",
+    "round_padded_tokens": "Padded tokens the device rounds computed, as planned (divide by round_tokens for the "
+                           "padding overhead).",
     "device_seconds": "Seconds the device spent on rounds (their rate is the device's utilization).",
     "admitted": "Requests the engine admitted (queued for the device).",
     "refused_wait": "Small requests refused (429) because they would not be answered within SCOREFN_MAX_WAIT_S.",

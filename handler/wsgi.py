@@ -29,9 +29,9 @@ StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
 class WsgiApp:
-    def __init__(self, core: ScoringCore, exit_on_failure: bool = False) -> None:
+    def __init__(self, core: ScoringCore, owns_process: bool = False) -> None:
         self.core = core
-        self.warmup = BackgroundWarmup(core, exit_on_failure)
+        self.warmup = BackgroundWarmup(core, owns_process)
         self.warmup.ensure_started()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -66,7 +66,7 @@ def create_wsgi_app(settings: Settings | None = None, engine: ScoringEngine | No
 
     `owns_process` (the served module-level `application`): a failed engine start ends the process.
     """
-    return WsgiApp(ScoringCore(settings or load_settings(), engine), exit_on_failure=owns_process)
+    return WsgiApp(ScoringCore(settings or load_settings(), engine), owns_process=owns_process)
 
 
 def _path(environ: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from runtime import PROCESS_STARTED
+from runtime import PROCESS_STARTED, tracing
 from runtime.interface import EngineFault, Prediction, ScoreResult, ShuttingDown, TokenLogprobsResult
 from runtime.serving.buckets import BucketPlan
 from runtime.serving.cost import ServiceModel, calibrate
@@ -53,7 +53,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stopping = False
-        self._counters = {"device_rounds": 0, "round_sequences": 0, "device_seconds": 0.0}
+        self._counters = {"device_rounds": 0, "round_sequences": 0, "round_tokens": 0, "round_padded_tokens": 0.0,
+                          "device_seconds": 0.0}
         self.rounds_in_flight = 1  # the platform's, once started
         self.batch_invariant = False  # the platform's, once started
         self.platform_info: dict[str, str] = {}  # the platform's, once started
@@ -68,10 +69,11 @@ class Engine:
     def start(self) -> None:
         """Load the model, its tokenizer and its stored executables; build what it serves; load or compile every
         bucket; time the device; serve. Each step's seconds go to `timings` (and the "warm-up done" log line)."""
-        laps = _Laps(boot_s=time.monotonic() - PROCESS_STARTED)  # interpreter, server and app imports
+        laps = _Laps(PROCESS_STARTED)
+        laps.lap("boot")  # the interpreter, the server and the app's imports
         # JAX, Flax and transformers: imported here, once the server already answers /health and /ready (503).
         from runtime.serving import startup
-        laps.lap("import_s")
+        laps.lap("import")
         loaded = startup.load(self.settings)  # weights, tokenizer and stored executables at once
         self._take_model(loaded.cfg, loaded.model.model_id, loaded.tokenizer)
         self._take_adapters(loaded.adapters)
@@ -80,13 +82,15 @@ class Engine:
         self.max_sequence_length = self.plan.max_length  # bucket lengths may round up (batch invariance)
         self.batch_invariant = self.platform.kernels.batch_invariant
         self.platform_info = self.platform.info()
-        laps.lap("load_s")
+        laps.lap("load")
         warmed = startup.warm_up(self.scorer, self._log_progress)
-        laps.lap("compile_s")
+        laps.lap("compile")
         service = calibrate(self.scorer)  # a few buckets run once: the first requests are judged by real timings
         self.scorer.plan = self.plan = service.fit_plan(self.plan)
-        laps.lap("calibrate_s")
+        laps.lap("calibrate")
         self.timings = {**laps.seconds, **warmed, "preloaded": preloaded}
+        if tracing.tracer is not None:
+            _spans().started(laps.phases, self.model_id, self.platform_info, self.timings)
         log.info("warm-up done: %d buckets in %.1f s (%d loaded from the executable store; persistent cache: "
                  "%d hits, %d misses); service time %s (timed in %.2f s)", warmed["buckets"],
                  self.timings["compile_s"], warmed["stored"], warmed["cache_hits"], warmed["cache_misses"],
@@ -181,7 +185,8 @@ class Engine:
     def _enqueue(self, job, deadline: float | None, request_id: str | None) -> concurrent.futures.Future:
         if self._stopping or self._scheduler is None:
             raise ShuttingDown("the server is shutting down")
-        return self._scheduler.admit(job, deadline, request_id)
+        trace = _spans().request_trace() if tracing.tracer is not None else None  # under the caller's current span
+        return self._scheduler.admit(job, deadline, request_id, trace)
 
     def score(self, sequences, label_ids) -> np.ndarray:
         """Blocking convenience: log P(label | sequence) [n_sequences, n_labels]."""
@@ -225,6 +230,8 @@ class Engine:
             round = self._scheduler.next_round(self.settings.batch_wait_ms / 1000.0)
             if round is None:
                 break
+            if tracing.tracer is not None:
+                _spans().round_started(round)
             try:
                 round.dispatched = self.scorer.dispatch([piece.job for piece in round.slices])
             except Exception as exc:
@@ -250,6 +257,8 @@ class Engine:
             except Exception as exc:
                 round.error = exc
         seconds = self._scheduler.finish(round)
+        if tracing.tracer is not None:
+            _spans().round_finished(round, getattr(round.dispatched, "buckets", []))
         log.debug("round of %d slices: predicted %.3f s, took %.3f s", len(round.slices), round.predicted_s, seconds,
                   extra={"json_fields": {"slices": [[piece.entry.request_id, piece.start, piece.stop]
                                                     for piece in round.slices],
@@ -264,6 +273,9 @@ class Engine:
             return
         self._counters["device_rounds"] += 1
         self._counters["round_sequences"] += sum(piece.stop - piece.start for piece in round.slices)
+        self._counters["round_tokens"] += sum(len(sequence) for piece in round.slices
+                                              for sequence in piece.entry.job.sequences[piece.start:piece.stop])
+        self._counters["round_padded_tokens"] += round.work.tokens
         self._counters["device_seconds"] += seconds
         for piece, result in zip(round.slices, results):
             entry = piece.entry
@@ -301,17 +313,27 @@ def _finite(result) -> bool:
                and np.isfinite(t.next_logprob) for t in result)
 
 
+def _spans():
+    """runtime.serving.spans, which imports OpenTelemetry: loaded once tracing is on."""
+    from runtime.serving import spans
+
+    return spans
+
+
 def build_engine(settings: Settings | None = None) -> Engine:
     return Engine(settings)
 
 
 class _Laps:
-    """Seconds of a start's steps: each lap() records the time since the one before."""
+    """A start's steps: lap(name) ends the step that began when the one before it ended (the first one at `began`, a
+    time.monotonic() value). `seconds`: "<name>_s" -> its seconds; `phases`: (name, began, ended)."""
 
-    def __init__(self, **seconds: float) -> None:
-        self.seconds = dict(seconds)
-        self._last = time.perf_counter()
+    def __init__(self, began: float) -> None:
+        self.phases: list[tuple[str, float, float]] = []
+        self.seconds: dict[str, float] = {}
+        self._began = began
 
     def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name], self._last = now - self._last, now
+        now = time.monotonic()
+        self.phases.append((name, self._began, now))
+        self.seconds[f"{name}_s"], self._began = now - self._began, now

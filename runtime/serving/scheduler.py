@@ -88,6 +88,7 @@ class Scheduler:
         self._queue: list[Entry] = []  # admitted, not finished, in order of arrival
         self._in_flight: list[Round] = []
         self._credit = 0.0  # device seconds the oldest request has earned and not yet spent
+        self._rounds = 0  # taken so far
         self._offered = [0.0] * len(self.LOAD_WINDOWS_S)  # decayed sums of the work asked for (each request's up to
         self._offered_at = clock()  # max_wait) over each window
         self._refused_at: dict[int, float] = {}  # fingerprint -> when, for the requests refused within the long window
@@ -97,11 +98,25 @@ class Scheduler:
 
     # ---- admission (request threads) ------------------------------------------------------------------
 
-    def admit(self, job: Any, deadline: float | None, request_id: str | None) -> concurrent.futures.Future:
+    def admit(self, job: Any, deadline: float | None, request_id: str | None,
+              trace: Any = None) -> concurrent.futures.Future:
+        """Queue a request, or raise QueueFull (or ShuttingDown); `trace` (runtime.serving.spans.RequestTrace) is told
+        the decision."""
+        try:
+            entry = self._admit(job, deadline, request_id, trace)
+        except Exception as refusal:
+            if trace is not None:
+                trace.refused(refusal)
+            raise
+        if trace is not None:
+            trace.admitted(entry.admission)
+        return entry.future
+
+    def _admit(self, job: Any, deadline: float | None, request_id: str | None, trace: Any) -> Entry:
         work = self._cost(job)  # outside the lock: finding a shared prefix reads every sequence
         shared = Work(batches=1, context=work.context) if work.context else Work()
         entry = Entry(job, deadline, request_id, shared, (work - shared) * (1 / len(job.sequences)),
-                      min_rows=self._min_rows(job))
+                      min_rows=self._min_rows(job), trace=trace)
         # Outside the lock too (it reads every token), while refusals are remembered: is it one sent again?
         key = fingerprint(job) if self._refused_at else None
         with self._cv:
@@ -129,7 +144,7 @@ class Scheduler:
             self.admitted += 1
             self._queue.append(entry)
             self._cv.notify_all()
-        return entry.future
+        return entry
 
     def _refuse_if_late(self, entry: Entry, now: float) -> None:
         """Raise QueueFull when the entry cannot be answered in time (lock held); see the module's rules."""
@@ -227,7 +242,8 @@ class Scheduler:
                     work = sum((s.work for s in slices), Work())
                     if self._round_cost is not None:  # as planned: rows padded together, batches shared
                         work = self._round_cost([s.job for s in slices])
-                    round = Round(slices, work, self.model.seconds(work), self._clock())
+                    self._rounds += 1
+                    round = Round(slices, work, self.model.seconds(work), self._clock(), self._rounds)
                     self._in_flight.append(round)
                     return round
                 # Nothing taken: every queued request was dropped (cancelled, or past its deadline).
@@ -288,6 +304,8 @@ class Scheduler:
             if not entry.started and entry.deadline is not None and now > entry.deadline:
                 entry.future.set_exception(DeadlineExceeded(
                     f"waited {now - entry.submitted:.2f} s in the queue, past the request deadline"))
+                if entry.trace is not None:
+                    entry.trace.left_queue(None, time.time_ns())
                 continue
             kept.append(entry)
         self._queue = kept

@@ -41,6 +41,7 @@ class Dispatched:
     """A dispatched round: each device batch's (still on-device) output and the rows it holds, in output order."""
     jobs: Sequence[Job | TokenJob]
     pending: list[tuple[Any, list[Row]]]
+    buckets: list[str]  # each device batch's program and bucket, in order of dispatch (traces name them)
 
 
 class Scorer:
@@ -54,6 +55,7 @@ class Scorer:
         self.device_batches = 0  # forward passes run (for /metrics: mean rows per device batch)
         self.device_rows = 0
         self.prefix_batches = 0  # of which scored after a shared prefix
+        self._launched: list[str] = []  # the executables the round being dispatched runs
 
     @property
     def cfg(self):
@@ -101,6 +103,7 @@ class Scorer:
             if isinstance(job, TokenJob) and not self.plan.completion_batches:
                 raise ValueError("this model computes no per-position log-probabilities")
         pending: list[tuple[Any, list[Row]]] = []
+        self._launched = []
         full_rows: list[Row] = []
         token_rows: list[Row] = []
         for j, job in enumerate(jobs):
@@ -113,7 +116,12 @@ class Scorer:
                 full_rows += rows
         pending += self._dispatch_full(full_rows, jobs)
         pending += self._dispatch_tokens(token_rows, jobs)
-        return Dispatched(jobs, pending)
+        return Dispatched(jobs, pending, self._launched)
+
+    def _run(self, program: str, bucket: tuple, *args):
+        """Launch one executable (runtime.serving.executables), noting which."""
+        self._launched.append(f"{program}{list(bucket)}")
+        return self.exe(program, bucket, *args)
 
     def collect(self, dispatched: Dispatched) -> list:
         """Wait for a dispatched round and fetch all its outputs in one transfer: per job, [n_sequences, n_labels]
@@ -139,7 +147,7 @@ class Scorer:
         adapters = [jobs[row.job].adapter for row in rows]
         out = []
         for batch in self.plan.split_full([len(s) for s in sequences]):
-            hidden = self.exe(program, batch.bucket, *batch.arrays(sequences, adapters))
+            hidden = self._run(program, batch.bucket, *batch.arrays(sequences, adapters))
             out += self._read(hidden, batch, rows, jobs)
         return out
 
@@ -152,12 +160,12 @@ class Scorer:
         context = fit(self.plan.contexts(), shared)
         prefix = np.zeros((1, context), np.int32)
         prefix[0, :shared] = rows[0].tokens[:shared]
-        ctx_k, ctx_v = self.exe("prefill_context", (context,), prefix, np.full((1,), adapter, np.int32))
+        ctx_k, ctx_v = self._run("prefill_context", (context,), prefix, np.full((1,), adapter, np.int32))
         program = self.plan.layout.continuation_program.name
         items = [row.tokens[shared:] for row in rows]
         out = []
         for batch in self.plan.split_suffixes([len(s) for s in items]):
-            hidden = self.exe(program, (context, *batch.bucket), ctx_k, ctx_v, np.int32(shared),
+            hidden = self._run(program, (context, *batch.bucket), ctx_k, ctx_v, np.int32(shared),
                               *batch.arrays(items, [adapter] * len(items), start=shared))
             self.prefix_batches += 1
             out += self._read(hidden, batch, rows, jobs)
@@ -172,14 +180,14 @@ class Scorer:
         self.device_batches += 1
         self.device_rows += len(members)
         if self.task != "causal_lm":
-            return [(self.exe("class_logits", (batch.head_batch,), hidden), members)]
+            return [(self._run("class_logits", (batch.head_batch,), hidden), members)]
         out = []
         own = [row if jobs[row.job].head else None for row in members]
         if any(own):
             slots = np.zeros((batch.head_batch,), np.int32)
             for r, row in enumerate(members):
                 slots[r] = jobs[row.job].adapter
-            out.append((self.exe("lora_class_logits", (batch.head_batch,), hidden, slots), own))
+            out.append((self._run("lora_class_logits", (batch.head_batch,), hidden, slots), own))
         vocabulary = [None if jobs[row.job].head else row for row in members]
         if any(vocabulary):
             n_labels = fit(self.plan.labels, max(len(jobs[row.job].label_ids) for row in members))
@@ -187,7 +195,7 @@ class Scorer:
             for r, row in enumerate(members):
                 ids = jobs[row.job].label_ids
                 labels[r, : len(ids)] = ids
-            out.append((self.exe("label_logprobs", (batch.head_batch, n_labels), hidden, labels), vocabulary))
+            out.append((self._run("label_logprobs", (batch.head_batch, n_labels), hidden, labels), vocabulary))
         return out
 
     def _dispatch_tokens(self, rows: list[Row], jobs: Sequence[Job | TokenJob]) -> list[tuple[Any, list[Row]]]:
@@ -203,7 +211,7 @@ class Scorer:
             for r, row in enumerate(members):
                 sampling = jobs[row.job].sampling[row.index]
                 temperature[r], seed[r] = sampling.temperature, sampling.seed % 2**32
-            out.append((self.exe(program, batch.bucket, tokens, last + 1, temperature, seed, adapter), members))
+            out.append((self._run(program, batch.bucket, tokens, last + 1, temperature, seed, adapter), members))
             self.device_batches += 1
             self.device_rows += len(members)
         return out

@@ -36,6 +36,7 @@ class Entry:
     parts: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (first row, a slice's result)
     rows_done: int = 0
     device_s: float = 0.0  # seconds of the rounds that carried its slices
+    trace: Any = None  # its spans while tracing is on (runtime.serving.spans.RequestTrace)
 
     @property
     def rows(self) -> int:
@@ -87,5 +88,6 @@ class Round:
     work: Work
     predicted_s: float
     started: float  # when its device work began: dispatch, or the end of the round before it when pipelined
+    number: int = 0  # rounds are numbered from 1 (traces and logs name them)
     dispatched: Any = None  # the scorer's handle
     error: Exception | None = None

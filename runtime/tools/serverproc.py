@@ -16,6 +16,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -71,6 +72,7 @@ class ServerProcess:
         self.lines: deque[str] = deque(maxlen=2000)
         self._ready = threading.Event()
         self._exited = threading.Event()
+        self._printed = threading.Condition()  # notified on each line the server prints
         full_env = {**os.environ, **(env or {}), "PORT": str(self.port), "SCOREFN_HOST": "127.0.0.1"}
         self.proc = subprocess.Popen(serve_command(interface),
                                      env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -79,7 +81,9 @@ class ServerProcess:
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            self.lines.append(line)
+            with self._printed:
+                self.lines.append(line)
+                self._printed.notify_all()
             if self._log:
                 self._log.write(line)
             try:
@@ -98,6 +102,12 @@ class ServerProcess:
             raise RuntimeError("server did not become ready:\n" + "".join(list(self.lines)[-40:]))
         with urllib.request.urlopen(self.url + "/ready", timeout=10) as response:
             assert response.status == 200
+
+    def wait_for_line(self, wanted: Callable[[str], bool], timeout: float) -> str | None:
+        """The first line the server printed (of the last 2,000) that is `wanted`, waiting up to `timeout` for it."""
+        with self._printed:
+            self._printed.wait_for(lambda: any(map(wanted, self.lines)) or self._exited.is_set(), timeout)
+            return next(filter(wanted, self.lines), None)
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)

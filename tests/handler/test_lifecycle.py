@@ -116,7 +116,7 @@ def test_a_failed_start_of_a_served_app_exits_the_process(monkeypatch: pytest.Mo
     monkeypatch.setattr(lifecycle, "build_engine", build_engine)
     monkeypatch.setattr(lifecycle.os, "_exit", exit_now)
     with pytest.raises(Exited) as exited:
-        lifecycle.warm_up(ScoringCore(make_settings()), exit_on_failure=True)
+        lifecycle.warm_up(ScoringCore(make_settings()), owns_process=True)
     assert exited.value.args == (lifecycle.EXIT_START_FAILED,)
     (record,) = [r for r in caplog.records if "engine start failed" in r.getMessage()]
     assert record.levelno == logging.CRITICAL and record.exc_info
