@@ -26,32 +26,48 @@ _METHODS = {"GET", "POST", "OPTIONS", "HEAD", "PUT", "DELETE", "PATCH", "CONNECT
 _propagator: Any = None
 
 
-class RequestSpan:
-    """One HTTP request's server span, started by request_span()."""
-
-    def __init__(self, method: str, path: str, headers: Any, route: str | None, started: float,
-                 body_bytes: int | None, request_id: str) -> None:
-        from opentelemetry import trace
-
-        self._trace = trace
-        self._tokenizer: _TimedTokenizer | None = None
-        method = method if method in _METHODS else "_OTHER"
-        attributes: dict[str, Any] = {"http.request.method": method, "url.path": path[:_MAX_PATH_CHARS],
-                                      "scorefn.request_id": request_id}
-        if route is not None:
-            attributes["http.route"] = route
-        if user_agent := headers.get("user-agent"):
-            attributes["user_agent.original"] = user_agent
-        if body_bytes is not None:
-            attributes["http.request.body.size"] = body_bytes
-        self.span = tracing.tracer.start_span(
-            f"{method} {route}" if route else method, context=_propagation().extract(headers),
-            kind=trace.SpanKind.SERVER, attributes=attributes,
-            start_time=time.time_ns() - int((time.perf_counter() - started) * 1e9))
+class _Off:
+    """What request_span() hands out while tracing is off: every method does nothing."""
 
     def current(self) -> contextlib.AbstractContextManager:
-        """While in it, the request's span is the current one (the engine's spans and the log lines see it)."""
-        return self._trace.use_span(self.span, end_on_exit=False)
+        return contextlib.nullcontext()
+
+    def child(self, name: str) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def validating(self, engine: ScoringEngine) -> ScoringEngine:
+        return engine
+
+    def tokenized(self) -> None:
+        pass
+
+    def refused(self, error: QueueFull) -> None:
+        pass
+
+    def end(self, status: int, body_bytes: int, error_code: str | None, job: Any, result: Any) -> None:
+        pass
+
+
+OFF = _Off()
+
+
+class _SampledOut(_Off):
+    """A request whose trace is sampled out: its span records nothing, but while it is current the log lines carry
+    the trace's ids."""
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+
+    def current(self) -> contextlib.AbstractContextManager:
+        return _api().use_span(self.span, end_on_exit=False)
+
+
+class RequestSpan(_SampledOut):
+    """One HTTP request's recording server span."""
+
+    def __init__(self, span: Any) -> None:
+        super().__init__(span)
+        self._tokenizer: _TimedTokenizer | None = None
 
     @contextlib.contextmanager
     def child(self, name: str) -> Iterator[None]:
@@ -96,41 +112,30 @@ class RequestSpan:
         self.span.set_attributes(attributes)
         if status >= 500:  # a server span's 4xx is the client's error, not the span's (HTTP conventions)
             self.span.set_attributes({"error.type": str(status)})
-            self.span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, error_code))
+            self.span.set_status(_api().Status(_api().StatusCode.ERROR, error_code))
         self.span.end()
 
 
-class _Off:
-    """What request_span() hands out while tracing is off: every method does nothing."""
-
-    def current(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-    child = staticmethod(lambda name: contextlib.nullcontext())
-
-    @staticmethod
-    def validating(engine: ScoringEngine) -> ScoringEngine:
-        return engine
-
-    def tokenized(self) -> None:
-        pass
-
-    def refused(self, error: QueueFull) -> None:
-        pass
-
-    def end(self, status: int, body_bytes: int, error_code: str | None, job: Any, result: Any) -> None:
-        pass
-
-
-OFF = _Off()
-
-
 def request_span(method: str, path: str, headers: Any, route: str | None, started: float, body_bytes: int | None,
-                 request_id: str) -> RequestSpan | _Off:
-    """The request's span (started when the face got the request: `started`, a time.perf_counter() value), or OFF."""
+                 request_id: str) -> _Off:
+    """The request's span, started when the face got the request (`started`, a time.perf_counter() value): OFF
+    while tracing is off, a RequestSpan when its trace is sampled."""
     if tracing.tracer is None:
         return OFF
-    return RequestSpan(method, path, headers, route, started, body_bytes, request_id)
+    method = method if method in _METHODS else "_OTHER"
+    attributes: dict[str, Any] = {"http.request.method": method, "url.path": path[:_MAX_PATH_CHARS],
+                                  "scorefn.request_id": request_id}
+    if route is not None:
+        attributes["http.route"] = route
+    if user_agent := headers.get("user-agent"):
+        attributes["user_agent.original"] = user_agent
+    if body_bytes is not None:
+        attributes["http.request.body.size"] = body_bytes
+    span = tracing.tracer.start_span(
+        f"{method} {route}" if route else method, context=_propagation().extract(headers),
+        kind=_api().SpanKind.SERVER, attributes=attributes,
+        start_time=time.time_ns() - int((time.perf_counter() - started) * 1e9))
+    return RequestSpan(span) if span.is_recording() else _SampledOut(span)
 
 
 class _TimedTokenizer:
@@ -153,6 +158,13 @@ class _TimedTokenizer:
         self.tokens += len(tokens)
         self.seconds += (self.last_ns - began) / 1e9
         return tokens
+
+
+def _api() -> Any:
+    """opentelemetry.trace (imported once tracing is on)."""
+    from opentelemetry import trace
+
+    return trace
 
 
 def _propagation() -> Any:

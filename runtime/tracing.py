@@ -11,7 +11,7 @@ Off, `tracer` is None, no OpenTelemetry module is imported, and each place that 
 attribute. Who traces what: handler.tracing (a span per HTTP request), runtime.serving.spans (admission, queue,
 device rounds) and the engine's start (runtime.serving.engine). Log lines carry the current span's ids
 (log_fields), and on Google Cloud the fields Cloud Logging links to Cloud Trace with: the project comes from
-GOOGLE_CLOUD_PROJECT, else on Cloud Run from its metadata server. Pure Python, imported by both.
+GOOGLE_CLOUD_PROJECT, else on Cloud Run and GKE from the metadata server. Pure Python, imported by both.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
     provider = TracerProvider(resource=_resource(environ))
     for exporter in _exporters(environ):
         provider.add_span_processor(BatchSpanProcessor(exporter))
-    use(provider, environ.get("GOOGLE_CLOUD_PROJECT") or _cloud_run_project(environ))
+    use(provider, environ.get("GOOGLE_CLOUD_PROJECT") or _metadata_project(environ))
     return True
 
 
@@ -104,9 +104,10 @@ def epoch_ns(monotonic_s: float) -> int:
     return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)
 
 
-def _cloud_run_project(environ: Mapping[str, str]) -> str | None:
-    """On Cloud Run (a service's K_SERVICE, a job's CLOUD_RUN_JOB), the project its metadata server names."""
-    if not (environ.get("K_SERVICE") or environ.get("CLOUD_RUN_JOB")):
+def _metadata_project(environ: Mapping[str, str]) -> str | None:
+    """On Cloud Run (a service's K_SERVICE, a job's CLOUD_RUN_JOB) or Kubernetes (GKE), the project the metadata
+    server names."""
+    if not any(environ.get(name) for name in ("K_SERVICE", "CLOUD_RUN_JOB", "KUBERNETES_SERVICE_HOST")):
         return None
     request = urllib.request.Request(_METADATA_PROJECT, headers={"Metadata-Flavor": "Google"})
     try:

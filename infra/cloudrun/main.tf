@@ -20,7 +20,14 @@ locals {
   scorefn_model   = var.weights_path != "" ? "${local.weights_mount}/${var.weights_path}" : local.weights_mount
   service_account = "${var.service_name}-run"
   labels          = merge({ app = "scorefn", component = var.service_name }, var.labels)
-  required_apis   = ["run.googleapis.com", "artifactregistry.googleapis.com", "iam.googleapis.com"]
+  required_apis = concat(["run.googleapis.com", "artifactregistry.googleapis.com", "iam.googleapis.com"],
+  local.use_collector ? ["secretmanager.googleapis.com", "cloudtrace.googleapis.com"] : [])
+
+  # The telemetry sidecar: scorefn's traces go to it over OTLP/HTTP, and it scrapes /metrics.
+  use_collector         = var.telemetry_collector
+  collector_config_path = "/etc/otelcol-google"
+  collector_health_port = 13133
+  otlp_endpoint         = "http://localhost:4318"
 
   # Requests in an instance = throughput x time spent in it (Little's law). It answers requests_per_second when
   # saturated and admits a request only if it would wait at most max_wait_s: more in flight than their product
@@ -28,11 +35,28 @@ locals {
   max_instance_request_concurrency = coalesce(var.max_instance_request_concurrency,
   min(1000, max(1, ceil(var.requests_per_second * var.max_wait_s))))
 
-  runtime_project_roles = [
-    # Container stdout/stderr and request logs, and the built-in Cloud Run metrics: nothing else.
+  runtime_project_roles = concat([
+    # Container stdout/stderr and request logs, the built-in Cloud Run metrics and (with the telemetry sidecar)
+    # Managed Prometheus samples; with the sidecar, spans to Cloud Trace.
     "roles/logging.logWriter",
     "roles/monitoring.metricWriter",
-  ]
+  ], local.use_collector ? ["roles/cloudtrace.agent"] : [])
+
+  # What scorefn needs to trace to the sidecar (runtime.tracing reads the standard OTEL_* variables).
+  tracing_env_vars = {
+    OTEL_EXPORTER_OTLP_ENDPOINT = local.otlp_endpoint
+    OTEL_TRACES_SAMPLER         = "parentbased_traceidratio"
+    OTEL_TRACES_SAMPLER_ARG     = tostring(var.trace_sampling_ratio)
+    OTEL_SERVICE_NAME           = var.service_name
+    GOOGLE_CLOUD_PROJECT        = var.project_id # log lines link to their traces in this project's Cloud Trace
+  }
+  tracing_env = local.use_collector ? local.tracing_env_vars : {}
+  # otel-collector.yaml's placeholders
+  collector_config_vars = {
+    port            = local.container_port
+    scrape_interval = var.metrics_scrape_interval
+    health_port     = local.collector_health_port
+  }
 }
 
 resource "google_project_service" "required" {
@@ -93,6 +117,34 @@ resource "google_storage_bucket_iam_member" "xla_cache_user" {
   bucket = var.compile_cache_bucket
   role   = "roles/storage.objectUser"
   member = "serviceAccount:${google_service_account.scorefn.email}"
+}
+
+# The telemetry sidecar's configuration, mounted into it as a file.
+resource "google_secret_manager_secret" "collector_config" {
+  count     = local.use_collector ? 1 : 0
+  project   = var.project_id
+  secret_id = "${var.service_name}-otel-collector"
+  labels    = local.labels
+
+  replication {
+    auto {}
+  }
+
+  depends_on = [google_project_service.required]
+}
+
+resource "google_secret_manager_secret_version" "collector_config" {
+  count       = local.use_collector ? 1 : 0
+  secret      = google_secret_manager_secret.collector_config[0].id
+  secret_data = templatefile("${path.module}/otel-collector.yaml", local.collector_config_vars)
+}
+
+resource "google_secret_manager_secret_iam_member" "collector_config_accessor" {
+  count     = local.use_collector ? 1 : 0
+  project   = var.project_id
+  secret_id = google_secret_manager_secret.collector_config[0].secret_id
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${google_service_account.scorefn.email}"
 }
 
 resource "google_secret_manager_secret_iam_member" "api_keys_accessor" {
@@ -193,6 +245,14 @@ resource "google_cloud_run_v2_service" "scorefn" {
       }
 
       dynamic "env" {
+        for_each = local.tracing_env
+        content {
+          name  = env.key
+          value = env.value
+        }
+      }
+
+      dynamic "env" {
         for_each = var.scorefn_env
         content {
           name  = env.key
@@ -242,6 +302,53 @@ resource "google_cloud_run_v2_service" "scorefn" {
       }
     }
 
+    # The telemetry sidecar: receives scorefn's spans on localhost:4318 and scrapes localhost:8080/metrics.
+    dynamic "containers" {
+      for_each = local.use_collector ? ["otel-collector"] : []
+      content {
+        name  = containers.value
+        image = var.collector_image
+        args  = ["--config=${local.collector_config_path}/config.yaml"]
+
+        resources {
+          limits = {
+            cpu    = "1"
+            memory = "512Mi"
+          }
+          cpu_idle = false
+        }
+
+        startup_probe {
+          period_seconds    = 5
+          timeout_seconds   = 2
+          failure_threshold = 12
+          http_get {
+            path = "/"
+            port = local.collector_health_port
+          }
+        }
+
+        volume_mounts {
+          name       = "otel-collector-config"
+          mount_path = local.collector_config_path
+        }
+      }
+    }
+
+    dynamic "volumes" {
+      for_each = local.use_collector ? ["otel-collector-config"] : []
+      content {
+        name = volumes.value
+        secret {
+          secret = google_secret_manager_secret.collector_config[0].secret_id
+          items {
+            version = google_secret_manager_secret_version.collector_config[0].version
+            path    = "config.yaml"
+          }
+        }
+      }
+    }
+
     dynamic "volumes" {
       for_each = local.use_weights ? ["weights"] : []
       content {
@@ -277,6 +384,7 @@ resource "google_cloud_run_v2_service" "scorefn" {
     google_storage_bucket_iam_member.weights_reader,
     google_storage_bucket_iam_member.xla_cache_user,
     google_secret_manager_secret_iam_member.api_keys_accessor,
+    google_secret_manager_secret_iam_member.collector_config_accessor,
   ]
 }
 

@@ -236,3 +236,32 @@ variable "batch_max_retries" {
   type        = number
   default     = 3
 }
+
+variable "telemetry_collector" {
+  description = "true: run the Google-Built OpenTelemetry Collector as a sidecar (config: otel-collector.yaml, kept in Secret Manager). scorefn exports its traces to it (Cloud Trace) and it scrapes /metrics into Managed Prometheus (infra/grafana's dashboard). false: logs and Cloud Run's built-in metrics only."
+  type        = bool
+  default     = false
+}
+
+variable "collector_image" {
+  description = "The telemetry sidecar's image (Google-Built OpenTelemetry Collector). Prefer a digest in production."
+  type        = string
+  default     = "us-docker.pkg.dev/cloud-ops-agents-artifacts/google-cloud-opentelemetry-collector/otelcol-google:0.156.0"
+}
+
+variable "trace_sampling_ratio" {
+  description = "With telemetry_collector: the share of requests traced when the caller sent no sampled trace (OTEL_TRACES_SAMPLER=parentbased_traceidratio); a caller's sampling decision in traceparent is followed."
+  type        = number
+  default     = 0.1
+
+  validation {
+    condition     = var.trace_sampling_ratio >= 0 && var.trace_sampling_ratio <= 1
+    error_message = "trace_sampling_ratio is a share of requests, between 0 and 1."
+  }
+}
+
+variable "metrics_scrape_interval" {
+  description = "With telemetry_collector: how often the sidecar scrapes /metrics into Managed Prometheus (a Prometheus duration)."
+  type        = string
+  default     = "15s"
+}

@@ -142,6 +142,8 @@ class Scheduler:
             self._refused_at.pop(key, None)
             entry.submitted = now
             self.admitted += 1
+            if trace is not None:
+                trace.queued()
             self._queue.append(entry)
             self._cv.notify_all()
         return entry

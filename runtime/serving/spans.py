@@ -33,11 +33,15 @@ class RequestTrace:
         self.parent = otel_context.get_current()
         self.request = trace.get_current_span(self.parent).get_span_context()
         self.submitted_ns = time.time_ns()
-        self.admitted_ns = 0  # set once admitted; 0 again once its wait in the queue is written
+        self.queued_ns = 0  # when it joined the queue
+        self.left = False  # its wait in the queue is written
+
+    def queued(self) -> None:
+        """It joins the queue (called under the scheduler's lock: the device thread may take it at once)."""
+        self.queued_ns = time.time_ns()
 
     def admitted(self, admission: Admission) -> None:
-        self.admitted_ns = time.time_ns()
-        self._span("admission", self.submitted_ns, self.admitted_ns, {
+        self._span("admission", self.submitted_ns, self.queued_ns, {
             "scorefn.admission.decision": "admitted", **_predicted(admission.wait_s, admission.own_s),
             "scorefn.admission.load": admission.load})
 
@@ -51,12 +55,13 @@ class RequestTrace:
         self._span("admission", self.submitted_ns, time.time_ns(), attributes, message=str(error))
 
     def left_queue(self, round_number: int | None, end_ns: int) -> None:
-        """Its wait in the queue ends: its first slice is in a round, or it is dropped (`round_number` None)."""
-        if self.admitted_ns:
+        """Its wait in the queue ends (the device thread): its first slice is in a round, or it is dropped
+        (`round_number` None)."""
+        if not self.left:
+            self.left = True
             attributes = {"scorefn.round.id": round_number} if round_number is not None else {
                 "scorefn.queue.dropped": True}
-            self._span("queue", self.admitted_ns, end_ns, attributes)
-            self.admitted_ns = 0
+            self._span("queue", self.queued_ns, end_ns, attributes)
 
     def joined(self, round: Round, rows: int, round_span: Any, end_ns: int) -> None:
         self._span("device round", tracing.epoch_ns(round.started), end_ns,

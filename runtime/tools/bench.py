@@ -7,7 +7,8 @@ Baselines (runtime.tools.baselines, on CUDA when PyTorch sees a GPU): transforme
 transformers with the query's KV cache computed once and reused (W2).
 Workloads: W1 (a 15-token query, items of ~8 tokens, 3 labels; 1, 32 and 256 items per request; 1 item is the
 single-item latency), W2 (one long query x many 20-token items, 1 label: 1000x100, and 2000x500 on
-accelerators or with --peer), W3 (concurrent HTTP clients vs one at a time; CPU, embedded model), W4 (64
+accelerators or with --peer), W3 (concurrent HTTP clients vs one at a time, and with tracing on vs off; CPU,
+embedded model), W4 (64
 prompts of 256 tokens: every position's log-probability and top 5, as /v1/completions echoes them), W5
 (reranking: a 64-token query and 100 documents of 100 tokens in the reranker's template, yes/no labels, prefix
 sharing on and off), Batch (W1-256 as a batch file of W1-256 lines through `scorefn batch` in process, its engine
@@ -49,6 +50,7 @@ from runtime.serving.store import cache_events, enable_persistent_cache
 from runtime.settings import load_settings
 from runtime.tools.baselines import TorchScorer, random_checkpoint
 from runtime.tools.roofline import padding_report, roofline_report
+from runtime.tools.otlp_receiver import OtlpReceiver
 from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess, scorefn_command
 from runtime.tools.workloads import (BATCH_LINES, FIRST_ID, LORA_SIZE, QWEN3_CONFIG, W1_SIZES, W2_SIZES, W4_SIZE,
                                      W5_SIZE, random_adapters, w1_batch_file, w1_request, w2_request, w4_prompts,
@@ -141,22 +143,43 @@ def _engine_counter(url: str, name: str) -> float:
     return 0.0
 
 
+W3_BODY = {"query": "Review: the room was clean and close to the station. Sentiment:",
+           "items": [" The friendly staff greeted us at the door."], "label_token_ids": [2731, 3524]}
+W3_TRACED_ROUNDS = 3  # alternations of the concurrent load, tracing off then on
+
+
 def run_w3(seconds: float, clients: int, env: dict[str, str]) -> dict:
-    body = {"query": "Review: the room was clean and close to the station. Sentiment:",
-            "items": [" The friendly staff greeted us at the door."], "label_token_ids": [2731, 3524]}
+    """One client at a time, then `clients` at once; then the concurrent load with tracing on (every request's spans
+    exported over OTLP/HTTP to a receiver in this process) against the same load with it off, in alternation
+    (`traced_vs_off`; the spread of the runs with it off is the noise)."""
     # W3 measures how far batching across requests goes, not admission: the queue may wait as long as it takes.
-    with ServerProcess(env={**env, "SCOREFN_MAX_WAIT_S": "600"}) as server:
-        asyncio.run(_http_clients(server.url, 1, 1.0, body))  # connection set-up, first requests
-        result = {}
-        for name, n in (("serial", 1), ("concurrent", clients)):
-            batches = _engine_counter(server.url, "scorefn_engine_device_batches")
-            rows = _engine_counter(server.url, "scorefn_engine_device_batch_sequences")
-            latencies, elapsed = asyncio.run(_http_clients(server.url, n, seconds, body))
-            batches = _engine_counter(server.url, "scorefn_engine_device_batches") - batches
-            rows = _engine_counter(server.url, "scorefn_engine_device_batch_sequences") - rows
-            result[name] = {**summarize(latencies, 1), "items_per_s": len(latencies) / elapsed,
-                            "mean_device_batch": rows / batches if batches else 0.0}
+    env = {**env, "SCOREFN_MAX_WAIT_S": "600"}
+    with ServerProcess(env=env) as server, OtlpReceiver(decode=False) as receiver, ServerProcess(env={
+            **env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_TRACES_SAMPLER": "always_on"}) as traced:
+        for each in (server, traced):
+            asyncio.run(_http_clients(each.url, 1, 1.0, W3_BODY))  # connection set-up, first requests
+        result = {name: _w3_load(server.url, n, seconds) for name, n in (("serial", 1), ("concurrent", clients))}
+        runs: dict[str, list[dict]] = {"off": [], "on": []}
+        for _ in range(W3_TRACED_ROUNDS):
+            for name, each in (("off", server), ("on", traced)):
+                runs[name].append(_w3_load(each.url, clients, seconds / W3_TRACED_ROUNDS))
+    rates = {name: [run["items_per_s"] for run in rows] for name, rows in runs.items()}
+    result["traced"] = {"items_per_s_off": rates["off"], "items_per_s_on": rates["on"],
+                        "traced_vs_off": float(np.median(rates["on"]) / np.median(rates["off"])),
+                        "off_spread": max(rates["off"]) / min(rates["off"]) - 1, "exports": receiver.exports,
+                        "exported_bytes": receiver.bytes}
     return result
+
+
+def _w3_load(url: str, clients: int, seconds: float) -> dict:
+    """`clients` closed-loop clients for `seconds`: items/s, latency percentiles, the mean device batch."""
+    batches = _engine_counter(url, "scorefn_engine_device_batches")
+    rows = _engine_counter(url, "scorefn_engine_device_batch_sequences")
+    latencies, elapsed = asyncio.run(_http_clients(url, clients, seconds, W3_BODY))
+    batches = _engine_counter(url, "scorefn_engine_device_batches") - batches
+    rows = _engine_counter(url, "scorefn_engine_device_batch_sequences") - rows
+    return {**summarize(latencies, 1), "items_per_s": len(latencies) / elapsed,
+            "mean_device_batch": rows / batches if batches else 0.0}
 
 
 def run_w4(scorer, baselines: dict, vocab: int, smoke: bool, quick: bool, invariant_and_not) -> dict:
@@ -427,9 +450,14 @@ def main(args: argparse.Namespace) -> int:
                "SCOREFN_SUFFIX_LENGTH_BUCKETS": "16", "SCOREFN_SUFFIX_BATCH_BUCKETS": "8",
                "SCOREFN_MAX_LABELS": "16", "SCOREFN_DTYPE": platform.dtype}
         report["w3"] = run_w3(1.0 if smoke else 4.0 if quick else 15.0, 32, env)
-        for name, row in report["w3"].items():
+        for name in ("serial", "concurrent"):
+            row = report["w3"][name]
             print(f"W3 {name:10}: {row['items_per_s']:7.1f} items/s p50 {row['p50_ms']:7.1f} ms "
                   f"p99 {row['p99_ms']:7.1f} ms mean device batch {row['mean_device_batch']:.1f}", flush=True)
+        traced = report["w3"]["traced"]
+        print(f"W3 traced    : {traced['traced_vs_off']:.3f}x the items/s with tracing off (medians of "
+              f"{W3_TRACED_ROUNDS} alternating runs; off runs spread {traced['off_spread']:.1%}; "
+              f"{traced['exported_bytes'] / 1e6:.1f} MB of spans exported)", flush=True)
 
     if args.compile_times:
         report["compile"] = compile_times(Path(model_dir))
@@ -486,6 +514,7 @@ def _summary(report: dict, baselines: dict) -> dict:
     if "w3" in report:
         w3 = report["w3"]
         summary["w3_concurrent_vs_serial"] = round(w3["concurrent"]["items_per_s"] / w3["serial"]["items_per_s"], 3)
+        summary["w3_traced_vs_off"] = round(w3["traced"]["traced_vs_off"], 3)
     if "compile" in report:
         summary["compile_cold_s"] = round(report["compile"]["cold"]["compile_s"], 1)
         summary["compile_cached_s"] = round(report["compile"]["cached"]["compile_s"], 1)

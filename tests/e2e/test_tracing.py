@@ -4,17 +4,12 @@ and the access log line carries the trace's ids in Cloud Logging's fields."""
 
 from __future__ import annotations
 
-import gzip
-import http.server
 import json
-import threading
 import urllib.request
-from collections.abc import Callable
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
-                                                                       ExportTraceServiceResponse)
 
+from runtime.tools.otlp_receiver import OtlpReceiver
 from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -23,57 +18,12 @@ PARENT_ID = "b7ad6b7169203331"
 WAIT_S = 60.0
 
 
-class Receiver:
-    """An OTLP/HTTP trace receiver on a free loopback port: every span it is sent, as (resource attributes, span)."""
-
-    def __init__(self) -> None:
-        self.spans: list[tuple[dict, object]] = []
-        self._changed = threading.Condition()
-        receiver = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                body = self.rfile.read(int(self.headers["content-length"]))
-                if self.headers.get("content-encoding") == "gzip":
-                    body = gzip.decompress(body)
-                request = ExportTraceServiceRequest.FromString(body)
-                with receiver._changed:
-                    for resource_spans in request.resource_spans:
-                        resource = {kv.key: kv.value.string_value for kv in resource_spans.resource.attributes}
-                        for scope_spans in resource_spans.scope_spans:
-                            receiver.spans += [(resource, span) for span in scope_spans.spans]
-                    receiver._changed.notify_all()
-                reply = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200 if self.path == "/v1/traces" else 404)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def wait_for(self, done: Callable[[list], bool], timeout: float = WAIT_S) -> list:
-        with self._changed:
-            if not self._changed.wait_for(lambda: done([span for _, span in self.spans]), timeout):
-                pytest.fail(f"spans received: {[span.name for _, span in self.spans]}")
-            return [span for _, span in self.spans]
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 def named(spans: list, trace_id: str) -> dict[str, object]:
     return {span.name: span for span in spans if span.trace_id.hex() == trace_id}
 
 
 def test_the_server_exports_spans_that_continue_the_trace_sent_in_traceparent():
-    receiver = Receiver()
+    receiver = OtlpReceiver()
     env = {**SMALL_BUCKETS, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50",
            "OTEL_SERVICE_NAME": "scorefn-e2e", "GOOGLE_CLOUD_PROJECT": "my-project"}
     try:
@@ -86,7 +36,8 @@ def test_the_server_exports_spans_that_continue_the_trace_sent_in_traceparent():
             with urllib.request.urlopen(request, timeout=WAIT_S) as response:
                 assert response.status == 200
             wanted = {"POST /v1/score", "validate", "tokenize", "admission", "queue", "device round", "encode"}
-            spans = receiver.wait_for(lambda spans: wanted <= set(named(spans, TRACE_ID)))
+            spans = receiver.wait_for(lambda spans: wanted <= set(named(spans, TRACE_ID)), WAIT_S)
+            assert spans is not None, f"spans received: {[span.name for _, span in receiver.spans]}"
             access = _access_line(server, "/v1/score")
     finally:
         receiver.close()

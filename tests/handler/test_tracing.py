@@ -139,20 +139,7 @@ def test_an_unrouted_request_has_a_span_without_a_route(face, settings, engine, 
 
 
 def test_log_lines_written_for_a_request_carry_its_trace(face, settings, engine, spans):
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonLineFormatter())
-    access = logging.getLogger("scorefn.access")
-    access.addHandler(handler)
-    level = access.level
-    access.setLevel(logging.INFO)
-    try:
-        with serve(face, settings, engine) as client:
-            client.post("/v1/score", json=score_body(), headers={"traceparent": TRACEPARENT})
-    finally:
-        access.removeHandler(handler)
-        access.setLevel(level)
-    (line,) = [json.loads(text) for text in stream.getvalue().splitlines() if '"/v1/score"' in text]
+    line = access_line(face, settings, engine, TRACEPARENT)
     span = server_span(spans)
     assert line["trace_id"] == TRACE_ID and line["span_id"] == format(span.context.span_id, "016x")
     assert line["logging.googleapis.com/trace"] == f"projects/my-project/traces/{TRACE_ID}"
@@ -162,6 +149,18 @@ def test_log_lines_written_for_a_request_carry_its_trace(face, settings, engine,
 
 def test_with_tracing_off_nothing_is_traced_and_log_lines_have_no_trace(face, settings, engine):
     assert tracing.tracer is None
+    line = access_line(face, settings, engine, TRACEPARENT)
+    assert "trace_id" not in line and not any(key.startswith("logging.googleapis.com") for key in line)
+
+
+def test_a_sampled_out_request_records_nothing_but_its_log_lines_keep_the_trace(face, settings, engine, spans):
+    line = access_line(face, settings, engine, f"00-{TRACE_ID}-{PARENT_ID}-00")  # the caller did not sample it
+    assert spans.get_finished_spans() == ()
+    assert line["trace_id"] == TRACE_ID and line["logging.googleapis.com/trace_sampled"] is False
+
+
+def access_line(face, settings, engine, traceparent: str) -> dict:
+    """The access log line of one /v1/score request sent with this traceparent, as the JSON formatter writes it."""
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonLineFormatter())
@@ -171,12 +170,12 @@ def test_with_tracing_off_nothing_is_traced_and_log_lines_have_no_trace(face, se
     access.setLevel(logging.INFO)
     try:
         with serve(face, settings, engine) as client:
-            assert client.post("/v1/score", json=score_body(), headers={"traceparent": TRACEPARENT}).status == 200
+            assert client.post("/v1/score", json=score_body(), headers={"traceparent": traceparent}).status == 200
     finally:
         access.removeHandler(handler)
         access.setLevel(level)
     (line,) = [json.loads(text) for text in stream.getvalue().splitlines() if '"/v1/score"' in text]
-    assert "trace_id" not in line and not any(key.startswith("logging.googleapis.com") for key in line)
+    return line
 
 
 # ---- with the real engine (a stub scorer): admission, queue and device round spans ---------------------------

@@ -16,6 +16,7 @@ ALLOWED_ROLES = {
     "roles/logging.logWriter", "roles/monitoring.metricWriter", "roles/monitoring.viewer",
     "roles/artifactregistry.reader", "roles/storage.objectViewer", "roles/storage.objectUser",
     "roles/secretmanager.secretAccessor", "roles/run.invoker", "roles/container.defaultNodeServiceAccount",
+    "roles/cloudtrace.agent",
 }
 CLOUD_RUN_SIGKILL_AFTER_S = 10  # Cloud Run kills an instance this long after SIGTERM
 
