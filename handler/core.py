@@ -17,7 +17,6 @@ import dataclasses
 import hmac
 import logging
 import time
-from typing import Any
 
 import msgspec
 
@@ -31,7 +30,7 @@ from handler.logs import log_access
 from handler.metrics import Metrics
 from handler.rerank import RERANK, reranker_cards
 from handler.score import SCORE
-from handler.tracing import request_span
+from handler.tracing import SpanHooks, request_span
 from handler.validation import decode_body, validate_tokenize_request
 from runtime.interface import DeadlineExceeded, QueueFull, ScoringEngine, ShuttingDown
 from runtime.settings import Settings
@@ -132,7 +131,7 @@ class ScoringCore:
             result = None if isinstance(outcome, BaseException) else outcome
             return self._complete(pending.request, pending.request_id, response, pending.span, pending.job, result)
 
-    def _span(self, request: HttpRequest, request_id: str):
+    def _span(self, request: HttpRequest, request_id: str) -> SpanHooks:
         path = _normalized(request.path)
         return request_span(request.method, request.path, request.headers, path if path in ENDPOINTS else None,
                             request.started, None if request.body is None else len(request.body), request_id)
@@ -165,7 +164,7 @@ class ScoringCore:
                            f"use {endpoint.method}.", headers=(("allow", _allow(endpoint)),))
         return endpoint
 
-    def _dispatch(self, request: HttpRequest, request_id: str, span: Any) -> HttpResponse | PendingScore:
+    def _dispatch(self, request: HttpRequest, request_id: str, span: SpanHooks) -> HttpResponse | PendingScore:
         endpoint = self._route(request)
         path = _normalized(request.path)
         if request.method == "OPTIONS":  # what Litestar answers by itself, so both faces agree
@@ -216,7 +215,7 @@ class ScoringCore:
 
     # -- endpoints -----------------------------------------------------------------------------------------
 
-    def _submit(self, request: HttpRequest, request_id: str, scoring: Scoring, span: Any) -> PendingScore:
+    def _submit(self, request: HttpRequest, request_id: str, scoring: Scoring, span: SpanHooks) -> PendingScore:
         body = self._body(request)
         engine = self._require_ready()
         with span.child("validate"):
@@ -267,7 +266,7 @@ class ScoringCore:
         log.error("request %s: scoring failed", request_id, exc_info=exc)
         return internal_error()
 
-    def _complete(self, request: HttpRequest, request_id: str, response: HttpResponse, span: Any,
+    def _complete(self, request: HttpRequest, request_id: str, response: HttpResponse, span: SpanHooks,
                   job: ValidatedRequest | None = None, result: object = None) -> HttpResponse:
         """Headers, metrics, the access log line and the span's end (the span is the current one)."""
         total = time.perf_counter() - request.started

@@ -13,6 +13,7 @@ import msgspec
 
 from handler.errors import ApiError
 from handler.schemas import ENCODER, ErrorBody, ErrorEnvelope
+from handler.tracing import SpanHooks
 from runtime.interface import Prediction, ScoringEngine
 from runtime.settings import Settings
 
@@ -70,7 +71,7 @@ class PendingScore:
     job: ValidatedRequest
     future: concurrent.futures.Future
     scoring: Scoring
-    span: Any  # the request's span (handler.tracing), ended when its answer is built
+    span: SpanHooks  # the request's span, ended when its answer is built
 
 
 def json_response(status: int, payload: msgspec.Struct, headers: list[tuple[str, str]] | None = None) -> HttpResponse:

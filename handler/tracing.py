@@ -1,5 +1,6 @@
 """A span per HTTP request while tracing is on (runtime.tracing); with it off, `request_span` hands out OFF, whose
-methods do nothing, and no OpenTelemetry module is imported.
+hooks do nothing, and no OpenTelemetry module is imported. A request whose trace is sampled out records nothing, but
+its trace's ids still reach its log lines.
 
 The span continues the caller's trace: the W3C `traceparent` header, else Cloud Run's `X-Cloud-Trace-Context`. It
 is the current span while the core works on the request, so the engine's spans of it (admission, queue, device
@@ -26,8 +27,9 @@ _METHODS = {"GET", "POST", "OPTIONS", "HEAD", "PUT", "DELETE", "PATCH", "CONNECT
 _propagator: Any = None
 
 
-class _Off:
-    """What request_span() hands out while tracing is off: every method does nothing."""
+class SpanHooks:
+    """What the core calls on a request's span. As is, every hook does nothing: what request_span() hands out
+    while tracing is off (OFF)."""
 
     def current(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -48,10 +50,10 @@ class _Off:
         pass
 
 
-OFF = _Off()
+OFF = SpanHooks()
 
 
-class _SampledOut(_Off):
+class _SampledOut(SpanHooks):
     """A request whose trace is sampled out: its span records nothing, but while it is current the log lines carry
     the trace's ids."""
 
@@ -117,7 +119,7 @@ class RequestSpan(_SampledOut):
 
 
 def request_span(method: str, path: str, headers: Any, route: str | None, started: float, body_bytes: int | None,
-                 request_id: str) -> _Off:
+                 request_id: str) -> SpanHooks:
     """The request's span, started when the face got the request (`started`, a time.perf_counter() value): OFF
     while tracing is off, a RequestSpan when its trace is sampled."""
     if tracing.tracer is None:

@@ -258,7 +258,7 @@ class Engine:
                 round.error = exc
         seconds = self._scheduler.finish(round)
         if tracing.tracer is not None:
-            _spans().round_finished(round, getattr(round.dispatched, "buckets", []))
+            _spans().round_finished(round, getattr(round.dispatched, "buckets", []))  # a stub scorer's has none
         log.debug("round of %d slices: predicted %.3f s, took %.3f s", len(round.slices), round.predicted_s, seconds,
                   extra={"json_fields": {"slices": [[piece.entry.request_id, piece.start, piece.stop]
                                                     for piece in round.slices],
