@@ -63,9 +63,10 @@ class RequestTrace:
                 "scorefn.queue.dropped": True}
             self._span("queue", self.queued_ns, end_ns, attributes)
 
-    def joined(self, round: Round, rows: int, round_span: Any, end_ns: int) -> None:
+    def joined(self, round: Round, attributes: dict[str, Any], rows: int, round_span: Any, end_ns: int) -> None:
+        """Its span of a device round that computed `rows` of it (the round's `attributes`), linked to the round's."""
         self._span("device round", tracing.epoch_ns(round.started), end_ns,
-                   {**_round_attributes(round), "scorefn.round.request_rows": rows},
+                   {**attributes, "scorefn.round.request_rows": rows},
                    links=[Link(round_span.get_span_context())], message=_error(round))
 
     def _span(self, name: str, start_ns: int, end_ns: int, attributes: dict[str, Any], links: list = (),
@@ -108,15 +109,15 @@ def round_finished(round: Round, buckets: list[str]) -> None:
     links = [Link(piece.entry.trace.request, {"scorefn.request_id": str(piece.entry.request_id),
                                               "scorefn.round.request_rows": piece.stop - piece.start})
              for piece in traced]
-    span = tracing.tracer.start_span("device round", attributes={**_round_attributes(round), "scorefn.round.buckets":
-                                                                 buckets}, links=links,
+    attributes = {**_round_attributes(round), "scorefn.round.buckets": buckets}
+    span = tracing.tracer.start_span("device round", attributes=attributes, links=links,
                                      start_time=tracing.epoch_ns(round.started))
     if round.error is not None:
         span.record_exception(round.error)
         span.set_status(Status(StatusCode.ERROR, _error(round)))
     span.end(end_ns)
     for piece in traced:
-        piece.entry.trace.joined(round, piece.stop - piece.start, span, end_ns)
+        piece.entry.trace.joined(round, attributes, piece.stop - piece.start, span, end_ns)
 
 
 def _round_attributes(round: Round) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import urllib.request
 
 import pytest
 
+from runtime.serving.programs import PROGRAMS
 from runtime.tools.otlp_receiver import OtlpReceiver
 from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess
 
@@ -49,6 +50,11 @@ def test_the_server_exports_spans_that_continue_the_trace_sent_in_traceparent():
     # The device round is a trace of its own, linked to the request.
     (round,) = [span for span in spans if span.name == "device round" and not span.parent_span_id]
     assert [link.span_id for link in round.links] == [root.span_id]
+    joined = request_spans["device round"]
+    assert [link.span_id for link in joined.links] == [round.span_id]
+    attributes = {kv.key: kv.value for kv in joined.attributes}
+    buckets = [value.string_value for value in attributes["scorefn.round.buckets"].array_value.values]
+    assert buckets and {bucket.partition("[")[0] for bucket in buckets} <= set(PROGRAMS)  # e.g. hidden[4, 32]
     # The start: a trace of its own, a span per phase.
     (start,) = [span for span in spans if span.name == "start"]
     phases = [span.name for span in spans if span.parent_span_id == start.span_id]
