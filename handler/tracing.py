@@ -93,11 +93,7 @@ class RequestSpan(_SampledOut):
 
     def refused(self, error: QueueFull) -> None:
         """The admission's decision on a 429 (its own span has the details: runtime.serving.spans)."""
-        self.span.set_attributes({"scorefn.admission.decision": "refused", "scorefn.admission.reason": error.reason,
-                                  "scorefn.admission.retry_after_s": error.retry_after_s})
-        if error.predicted is not None:
-            self.span.set_attributes({"scorefn.admission.predicted_wait_s": error.predicted.queue_seconds,
-                                      "scorefn.admission.predicted_device_s": error.predicted.device_seconds})
+        self.span.set_attributes(tracing.admission_attributes(None, error))
 
     def end(self, status: int, body_bytes: int, error_code: str | None, job: Any, result: Any) -> None:
         attributes: dict[str, Any] = {"http.response.status_code": status, "http.response.body.size": body_bytes}
@@ -108,9 +104,7 @@ class RequestSpan(_SampledOut):
         if result is not None:
             attributes.update({"scorefn.queue_s": result.queue_seconds, "scorefn.device_s": result.device_seconds})
             if result.predicted is not None:
-                attributes.update({"scorefn.admission.decision": "admitted",
-                                   "scorefn.admission.predicted_wait_s": result.predicted.queue_seconds,
-                                   "scorefn.admission.predicted_device_s": result.predicted.device_seconds})
+                attributes.update(tracing.admission_attributes(result.predicted))
         self.span.set_attributes(attributes)
         if status >= 500:  # a server span's 4xx is the client's error, not the span's (HTTP conventions)
             self.span.set_attributes({"error.type": str(status)})

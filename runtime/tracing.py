@@ -24,6 +24,8 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from runtime.interface import Prediction, QueueFull
+
 log = logging.getLogger("scorefn.runtime")
 
 tracer: Any = None  # an opentelemetry Tracer while tracing is on
@@ -91,6 +93,22 @@ def log_fields() -> dict[str, Any]:
                        "logging.googleapis.com/spanId": span_id,
                        "logging.googleapis.com/trace_sampled": context.trace_flags.sampled})
     return fields
+
+
+def admission_attributes(predicted: Prediction | None, refusal: Exception | None = None) -> dict[str, Any]:
+    """A request's scorefn.admission.* attributes: admitted or refused (then why, and its Retry-After), and what
+    admission predicted (a QueueFull carries its own prediction)."""
+    attributes: dict[str, Any] = {"scorefn.admission.decision": "admitted" if refusal is None else "refused"}
+    if isinstance(refusal, QueueFull):
+        attributes.update({"scorefn.admission.reason": refusal.reason,
+                           "scorefn.admission.retry_after_s": refusal.retry_after_s})
+        predicted = refusal.predicted
+    elif refusal is not None:
+        attributes["scorefn.admission.reason"] = type(refusal).__name__
+    if predicted is not None:
+        attributes.update({"scorefn.admission.predicted_wait_s": predicted.queue_seconds,
+                           "scorefn.admission.predicted_device_s": predicted.device_seconds})
+    return attributes
 
 
 def flush(timeout_s: float = 5.0) -> None:

@@ -16,7 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Status, StatusCode
 
 from runtime import tracing
-from runtime.interface import QueueFull
+from runtime.interface import Prediction
 from runtime.serving.slices import Admission, Round
 
 
@@ -42,17 +42,12 @@ class RequestTrace:
 
     def admitted(self, admission: Admission) -> None:
         self._span("admission", self.submitted_ns, self.queued_ns, {
-            "scorefn.admission.decision": "admitted", **_predicted(admission.wait_s, admission.own_s),
+            **tracing.admission_attributes(Prediction(admission.wait_s, admission.own_s)),
             "scorefn.admission.load": admission.load})
 
     def refused(self, error: Exception) -> None:
-        reason = error.reason if isinstance(error, QueueFull) else type(error).__name__
-        attributes: dict[str, Any] = {"scorefn.admission.decision": "refused", "scorefn.admission.reason": reason}
-        if isinstance(error, QueueFull):
-            attributes["scorefn.admission.retry_after_s"] = error.retry_after_s
-            if error.predicted is not None:
-                attributes.update(_predicted(error.predicted.queue_seconds, error.predicted.device_seconds))
-        self._span("admission", self.submitted_ns, time.time_ns(), attributes, message=str(error))
+        self._span("admission", self.submitted_ns, time.time_ns(), tracing.admission_attributes(None, error),
+                   message=str(error))
 
     def left_queue(self, round_number: int | None, end_ns: int) -> None:
         """Its wait in the queue ends (the device thread): its first slice is in a round, or it is dropped
@@ -125,10 +120,6 @@ def _round_attributes(round: Round) -> dict[str, Any]:
             "scorefn.round.rows": sum(piece.stop - piece.start for piece in round.slices),
             "scorefn.round.device_batches": round.work.batches, "scorefn.round.padded_tokens": round.work.tokens,
             "scorefn.round.predicted_s": round.predicted_s}
-
-
-def _predicted(wait_s: float, own_s: float) -> dict[str, float]:
-    return {"scorefn.admission.predicted_wait_s": wait_s, "scorefn.admission.predicted_device_s": own_s}
 
 
 def _error(round: Round) -> str | None:
