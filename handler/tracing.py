@@ -15,6 +15,7 @@ decision on a 429).
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +25,6 @@ from runtime.interface import QueueFull, ScoringEngine
 
 _MAX_PATH_CHARS = 512
 _METHODS = {"GET", "POST", "OPTIONS", "HEAD", "PUT", "DELETE", "PATCH", "CONNECT", "TRACE"}
-_propagator: Any = None
 
 
 class SpanHooks:
@@ -130,7 +130,7 @@ def request_span(method: str, path: str, headers: Any, route: str | None, starte
     span = tracing.tracer.start_span(
         f"{method} {route}" if route else method, context=_propagation().extract(headers),
         kind=_api().SpanKind.SERVER, attributes=attributes,
-        start_time=time.time_ns() - int((time.perf_counter() - started) * 1e9))
+        start_time=tracing.epoch_ns(started, time.perf_counter))
     return RequestSpan(span) if span.is_recording() else _SampledOut(span)
 
 
@@ -163,13 +163,11 @@ def _api() -> Any:
     return trace
 
 
+@functools.cache
 def _propagation() -> Any:
     """traceparent (W3C) when present, else X-Cloud-Trace-Context: the last propagator that finds one wins."""
-    global _propagator
-    if _propagator is None:
-        from opentelemetry.propagators.cloud_trace_propagator import CloudTraceFormatPropagator
-        from opentelemetry.propagators.composite import CompositePropagator
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from opentelemetry.propagators.cloud_trace_propagator import CloudTraceFormatPropagator
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        _propagator = CompositePropagator([CloudTraceFormatPropagator(), TraceContextTextMapPropagator()])
-    return _propagator
+    return CompositePropagator([CloudTraceFormatPropagator(), TraceContextTextMapPropagator()])

@@ -21,7 +21,7 @@ import logging
 import os
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from runtime.interface import Prediction, QueueFull
@@ -117,9 +117,10 @@ def flush(timeout_s: float = 5.0) -> None:
         _provider.force_flush(int(timeout_s * 1000))
 
 
-def epoch_ns(monotonic_s: float) -> int:
-    """A time.monotonic() reading as the wall-clock nanoseconds spans are stamped with."""
-    return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)
+def epoch_ns(reading: float, clock: Callable[[], float] = time.monotonic) -> int:
+    """A reading of `clock` (time.monotonic, time.perf_counter) as the wall-clock nanoseconds spans are stamped
+    with."""
+    return time.time_ns() - int((clock() - reading) * 1e9)
 
 
 def _metadata_project(environ: Mapping[str, str]) -> str | None:
@@ -169,12 +170,10 @@ def _resource(environ: Mapping[str, str]) -> Any:
     (K_SERVICE) or "scorefn" when they name no service."""
     from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 
-    resource = Resource.create()
-    defaults = {SERVICE_VERSION: _version()}
-    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        defaults[SERVICE_NAME] = environ.get("K_SERVICE") or "scorefn"
-    return Resource(defaults).merge(Resource({k: v for k, v in resource.attributes.items()
-                                              if not (k == SERVICE_NAME and k in defaults)}))
+    resource = Resource({SERVICE_VERSION: _version()}).merge(Resource.create())  # the variables win
+    if str(resource.attributes[SERVICE_NAME]).startswith("unknown_service"):  # the SDK's stand-in: they name none
+        resource = resource.merge(Resource({SERVICE_NAME: environ.get("K_SERVICE") or "scorefn"}))
+    return resource
 
 
 def _version() -> str:
