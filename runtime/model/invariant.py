@@ -54,21 +54,21 @@ import numpy as np
 from runtime.model.attention import MASKED, visible
 
 F32 = jnp.float32
-MIN_TOKENS = 64  # the fewest tokens of the layers' stream: its matmuls' rows (above the thresholds: see above)
 STREAM_TILE = 32  # tokens of a tile of the stream's norms, q/k norms and RoPE tables
 TILE = 16  # rows of the vocabulary head's tiles
-QUERY_TILE = 16  # queries of an attention tile
-# Keys of an attention block, at absolute positions (a multiple of them): 32 against 128 cost 2% instead of 25% on
-# items of 8 tokens after a 15-token query, 4% instead of 9% on rows of 256 (embedded model, Intel Xeon, 2026-11-26).
-KEY_BLOCK = 32
+# The fewest rows of the kernels' matmuls (the token stream's, an attention tile's) where the host's own are not
+# measured (runtime.serving.bitclasses): every threshold measured so far is below it (33, 51 and 63 rows).
+MIN_ROWS = 64
+QUERY_TILE_MAX = 256  # queries of an attention tile at most (a row up to this long is one tile)
+KEY_BLOCK = 32  # keys of an attention block, at absolute positions (a multiple of them)
 POSITION_TILE = 64  # positions of a tile of per-position log-probabilities (each tile reads the vocabulary head)
 
 
-def flatten(x: jax.Array, tokens: int | None = None) -> jax.Array:
+def flatten(x: jax.Array, tokens: int | None = None, min_tokens: int = 1) -> jax.Array:
     """Rows x [B, T, ...] as one stream of tokens [1, M, ...]: the rows' B * T tokens, then zero tokens up to
-    M = `tokens` (default: at least MIN_TOKENS, a whole number of tiles of STREAM_TILE tokens)."""
+    M = `tokens` (default: at least `min_tokens`, a whole number of tiles of STREAM_TILE tokens)."""
     B, T = x.shape[:2]
-    m = -(-max(B * T, MIN_TOKENS) // STREAM_TILE) * STREAM_TILE if tokens is None else tokens
+    m = -(-max(B * T, min_tokens) // STREAM_TILE) * STREAM_TILE if tokens is None else tokens
     return _padded(x.reshape(B * T, *x.shape[2:]), m - B * T)[None]
 
 
@@ -118,71 +118,152 @@ def _padded(xs, extra: int):
     return jax.tree.map(lambda a: jnp.concatenate([a, jnp.zeros((extra, *a.shape[1:]), a.dtype)]), xs)
 
 
+def query_tile(length: int, groups: int, min_rows: int) -> int:
+    """Queries per attention tile of rows of `length` tokens: the whole row up to QUERY_TILE_MAX, and at least enough
+    that a tile's matmul rows (queries x the G heads of a KV head) reach `min_rows` (Kernels.min_rows)."""
+    return max(min(length, QUERY_TILE_MAX), -(-min_rows // groups))
+
+
 def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None = None,
-           softcap: float | None = None, context=None) -> jax.Array:
-    """Causal attention over whole rows, per tile of QUERY_TILE queries and block of KEY_BLOCK keys at absolute
-    positions: q [B, T, N, E], k/v [B, T, K, E] (any T) -> [B, T, N, E] float32. `window` None, an int or a traced
-    int32 scalar (a key k is visible from query q when q - window < k <= q).
+           softcap: float | None = None, context=None, min_rows: int = 1) -> jax.Array:
+    """Causal attention over whole rows, per tile of queries (`query_tile`) and block of KEY_BLOCK keys at absolute
+    positions (block j holds the keys at positions j * KEY_BLOCK and on), merged in order by an online softmax:
+    q [B, T, N, E], k/v [B, T, K, E] (any T) -> [B, T, N, E] float32. `window` None, an int or a traced int32 scalar
+    (a key k is visible from query q when q - window < k <= q).
 
     `context`: (keys, values [C, K, E], length) of a shared prefix the rows continue (any length): the rows' tokens
-    are at positions length + t. The blocks wholly inside the prefix are sliced from it; the block that straddles its
-    end takes its first keys from the prefix and the rest from the row; so every query visits the blocks, and the
-    keys in them, of the same query in a row holding the whole sequence.
+    are at positions length + t. The blocks wholly inside the prefix are the same for every query: one matmul of all
+    the queries of the device batch against each (rows of `min_rows` or more are one bit class, so it gives each
+    query the bits of its own row's matmul). The block that straddles the prefix's end takes its first keys from
+    the prefix and the rest from the row; so every query visits the blocks, and the keys in them, of the same query
+    in a row holding the whole sequence.
 
-    A row's tiles and blocks are gathered inside the loop (clipped indices; what lies past a row is never seen)
-    rather than cut from padded copies: XLA:CPU contracts multiply-adds into FMAs per fusion, and a pad would fuse
-    with the rotation that computes q and k, in a different fusion in each program, so their bits would move."""
+    Why the bits do not move: a score is a dot over the head dim and a block's weighted values a dot over the block's
+    keys, each a matmul row of at least `min_rows` rows (one bit class whatever the batch); the softmax's sum is a
+    column of the values' matmul (the values carry a column of ones), never a reduction whose order could follow the
+    shape; the running maximum is exact in any order. Blocks past a query are visited when its tile needs them: its
+    keys are masked, so they add exact zeros. Blocks wholly before a sliding window add a finite sum that the first
+    visible block multiplies by exactly 0."""
     B, T, N, E = q.shape
     K = k.shape[2]
     G = N // K
     scale = 1.0 / np.sqrt(E) if scale is None else scale  # jax.nn.dot_product_attention's default
-    n = -(-T // QUERY_TILE)
     ctx_k, ctx_v, length = (None, None, 0) if context is None else context
-    q_offsets, k_offsets = jnp.arange(QUERY_TILE), jnp.arange(KEY_BLOCK)
+    tile = query_tile(T, G, min_rows)
+    n = -(-T // tile)
+    rows = tile * G  # a tile's matmul rows per row and KV head: its queries, each with its G heads
+    # [n, B, K, rows, E]: tile i holds the row's queries i * tile .. (clipped: the last is repeated past T)
+    at = jnp.minimum(jnp.arange(n * tile), T - 1)
+    tiles = jnp.take(q, at, axis=1).reshape(B, n, tile, K, G, E)
+    tiles = jnp.transpose(tiles, (1, 0, 3, 2, 4, 5)).reshape(n, B, K, rows, E)
+    q_pos = (length + jnp.arange(n * tile).reshape(n, tile, 1) + jnp.zeros((1, 1, G), jnp.int32)).reshape(n, rows)
+    k_offsets = jnp.arange(KEY_BLOCK)
+    ones = jnp.ones((KEY_BLOCK, K, 1), v.dtype)
 
-    def one_tile(i):
-        row, first = i // n, (i % n) * QUERY_TILE
-        qt = jnp.take(q[row], jnp.minimum(first + q_offsets, T - 1), axis=0).reshape(QUERY_TILE, K, G, E)
-        q_pos = length + first + q_offsets
+    def attend(state, scores, seen, weigh):
+        """One block of keys into the online softmax state (running maximum [..., rows], weighted values and total
+        [..., rows, E + 1]): their scores [..., rows, block], which are visible, and `weigh(p)`, the weights' matmul
+        with the block's values and their column of ones."""
+        m, acc = state
+        scores = scores * scale
+        if softcap is not None:
+            scores = jnp.tanh(scores / softcap) * softcap
+        scores = jnp.where(seen, scores, MASKED)
+        m_new = jnp.maximum(m, _last_axis_max(scores))
+        p = jnp.exp(scores - m_new[..., None])
+        return m_new, acc * jnp.exp(m - m_new)[..., None] + weigh(p)
 
-        def attend(state, k_pos, kj, vj):
-            """Keys kj, vj [block, K, E] at positions k_pos into the online softmax of the queries qt."""
-            m, total, acc = state  # [K, G, tile], [K, G, tile], [K, G, tile, E]
-            s = jnp.einsum("tkge,ske->kgts", qt, kj, preferred_element_type=F32) * scale
-            if softcap is not None:
-                s = jnp.tanh(s / softcap) * softcap
-            s = jnp.where(visible(q_pos[:, None], k_pos[None, :], window), s, MASKED)  # [K, G, tile, block]
-            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-            keep = jnp.exp(m - m_new)
-            p = jnp.exp(s - m_new[..., None])
-            acc = acc * keep[..., None] + jnp.einsum("kgts,ske->kgte", p.astype(vj.dtype), vj,
-                                                     preferred_element_type=F32)
-            return m_new, total * keep + jnp.sum(p, axis=-1), acc
+    state = (jnp.full((n, B, K, rows), MASKED, F32), jnp.zeros((n, B, K, rows, E + 1), F32))
+    first = 0
+    if ctx_k is not None and ctx_k.shape[0] >= KEY_BLOCK:  # a shorter prefix holds no whole block
+        first = length // KEY_BLOCK
 
         def prefix_block(j, state):
-            k_pos = j * KEY_BLOCK + k_offsets
-            return attend(state, k_pos, *(jax.lax.dynamic_slice_in_dim(a, j * KEY_BLOCK, KEY_BLOCK)
-                                          for a in (ctx_k, ctx_v)))
+            kj, vj = (jax.lax.dynamic_slice_in_dim(a, j * KEY_BLOCK, KEY_BLOCK) for a in (ctx_k, ctx_v))
+            values = jnp.concatenate([vj, ones], axis=-1)  # [block, K, E + 1]
+            scores = _rows_by_kv(_matmul(tiles, kj, ((4,), (2,)), ((2,), (1,))))  # all queries at once
+            seen = visible(q_pos[:, :, None], j * KEY_BLOCK + k_offsets, window)[:, None, None]
+            return attend(state, scores, seen,
+                          lambda p: _rows_by_kv(_matmul(p.astype(values.dtype), values, ((4,), (0,)), ((2,), (1,)))))
+        state = jax.lax.fori_loop(0, first, prefix_block, state)
+
+    def one_tile(xs):
+        i, live, q_i, m, acc = xs  # a tile of every row: queries [B, K, rows, E], its state [B, K, rows(, E + 1)]
+        pos_i = jax.lax.dynamic_index_in_dim(q_pos, i, keepdims=False)  # [rows]
 
         def row_block(j, state):
             k_pos = j * KEY_BLOCK + k_offsets
             at_row = jnp.clip(k_pos - length, 0, T - 1)
-            kj, vj = jnp.take(k[row], at_row, axis=0), jnp.take(v[row], at_row, axis=0)  # [block, K, E]
+            kj, vj = jnp.take(k, at_row, axis=1), jnp.take(v, at_row, axis=1)  # [B, block, K, E]
             if ctx_k is not None:  # the block that straddles the prefix's end
-                in_prefix = (k_pos < length)[:, None, None]
+                in_prefix = (k_pos < length)[None, :, None, None]
                 at_prefix = jnp.minimum(k_pos, ctx_k.shape[0] - 1)
-                kj = jnp.where(in_prefix, jnp.take(ctx_k, at_prefix, axis=0), kj)
-                vj = jnp.where(in_prefix, jnp.take(ctx_v, at_prefix, axis=0), vj)
-            return attend(state, k_pos, kj, vj)
+                kj = jnp.where(in_prefix, jnp.take(ctx_k, at_prefix, axis=0)[None], kj)
+                vj = jnp.where(in_prefix, jnp.take(ctx_v, at_prefix, axis=0)[None], vj)
+            values = jnp.concatenate([vj, jnp.broadcast_to(ones[None], (B, *ones.shape))], axis=-1)
+            scores = _matmul(q_i, kj, ((3,), (3,)), ((0, 1), (0, 2)))  # [B, K, rows, block]
+            seen = visible(pos_i[:, None], k_pos[None, :], window)
+            return attend(state, scores, seen,
+                          lambda p: _matmul(p.astype(values.dtype), values, ((3,), (1,)), ((0, 1), (0, 2))))
+        last = jnp.where(live, jnp.max(pos_i) // KEY_BLOCK + 1, first)  # `loop`'s unused slot visits no block
+        _, acc = jax.lax.fori_loop(first, last, row_block, (m, acc))
+        return acc[..., :E] / acc[..., E:]  # [B, K, rows, E]
 
-        state = (jnp.full((K, G, QUERY_TILE), MASKED, F32), jnp.zeros((K, G, QUERY_TILE), F32),
-                 jnp.zeros((K, G, QUERY_TILE, E), F32))
-        whole = 0
-        if ctx_k is not None and ctx_k.shape[0] >= KEY_BLOCK:  # a shorter prefix holds no whole block
-            whole = length // KEY_BLOCK
-            state = jax.lax.fori_loop(0, whole, prefix_block, state)
-        _, total, acc = jax.lax.fori_loop(whole, q_pos[-1] // KEY_BLOCK + 1, row_block, state)
-        out = acc / total[..., None]  # [K, G, tile, E]
-        return jnp.moveaxis(out, 2, 0).reshape(QUERY_TILE, N, E)
+    out = loop(one_tile, (jnp.arange(n), jnp.ones((n,), bool), tiles, *state))  # [n, B, K, rows, E]
+    out = jnp.transpose(out.reshape(n, B, K, tile, G, E), (1, 0, 3, 2, 4, 5)).reshape(B, n * tile, N, E)
+    return out[:, :T]
 
-    return loop(one_tile, jnp.arange(B * n)).reshape(B, n * QUERY_TILE, N, E)[:, :T]
+
+def _matmul(rows: jax.Array, other: jax.Array, contract, batch) -> jax.Array:
+    """lax.dot_general with `rows` as its left operand (its free dims the matmul's rows, whose count decides the bit
+    class), accumulated in float32. jnp.einsum may swap the operands, making the other side's size the rows."""
+    return jax.lax.dot_general(rows, other, (contract, batch), preferred_element_type=F32)
+
+
+def _rows_by_kv(x: jax.Array) -> jax.Array:
+    """[K, n, B, rows, ...] (a matmul batched over KV heads) as [n, B, K, rows, ...]."""
+    return jnp.moveaxis(x, 0, 2)
+
+
+SUM_COLUMNS = 16  # columns of ones a norm's sum of squares is read from (one column would become a reduction)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm in float32 (runtime.model.layers.rms_norm) with each row's sum of squares as a matmul against ones:
+    a matmul's rows have one set of bits from Kernels.min_rows rows up, where a reduction's order followed the number
+    of rows (RMSNorm 576 wide changed at 4,096 tokens, 64 wide at 64)."""
+    x = x.astype(F32)
+    flat = x.reshape(-1, x.shape[-1])
+    sums = _matmul(flat * flat, jnp.ones((x.shape[-1], SUM_COLUMNS), F32), ((1,), (0,)), ((), ()))[:, :1]
+    mean = sums.reshape(*x.shape[:-1], 1) / x.shape[-1]
+    return x * jax.lax.rsqrt(mean + eps) * weight.astype(F32)
+
+
+def _last_axis_max(x: jax.Array) -> jax.Array:
+    """The maximum over the last axis as elementwise maxima of halves (exact in any order): XLA:CPU's reduction
+    took ~0.3 ms on an attention tile's [3, 72, 32] scores, 40% of one item's attention."""
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        top = jnp.maximum(x[..., :half], x[..., half:2 * half])
+        x = top if x.shape[-1] % 2 == 0 else jnp.concatenate([top, x[..., 2 * half:]], axis=-1)
+    return x[..., 0]
+
+
+def matmul_shapes(shapes: dict[str, tuple[int, ...]], dtype: str, attention_dtype: str, head_dim: int
+                  ) -> tuple[tuple[int, int, str], ...]:
+    """Every (inner, outer, dtype) these kernels multiply a variable number of rows by, for a model with these
+    arrays (runtime.model.weights.array_shapes, and LoRA's): the layers' projections [Layers, I, O], the experts
+    [Layers, X, I, O] (all at once: I x X * O, and X * I x O down), the norms' sums of squares, and attention's
+    scores and weighted values. What runtime.serving.bitclasses measures."""
+    found = {(shapes["embed"][1], SUM_COLUMNS, "float32"), (head_dim, KEY_BLOCK, attention_dtype),
+             (KEY_BLOCK, head_dim + 1, attention_dtype)}
+    for name, shape in shapes.items():
+        base = name.removeprefix("layers.")
+        if name == base or not base.startswith(("w", "experts_", "lora_")):
+            continue
+        if base.startswith("experts_"):
+            _, experts, inner, outer = shape
+            found.add((experts * inner, outer, dtype) if base == "experts_down" else (inner, experts * outer, dtype))
+        else:
+            found.add((*shape[1:], dtype))
+    return tuple(sorted(found))

@@ -51,7 +51,9 @@ class Kernels:
     # float32 and back (2.4x the time of one item's layers), integers as they are. CPU only: accelerators slice
     # bfloat16 as it is.
     weight_bits: bool = False
-
+    # Batch-invariant kernels: the fewest rows of a matmul (the token stream's, an attention tile's), from which rows
+    # have the same bits whatever their number (runtime.serving.bitclasses measures it on the host).
+    min_rows: int = invariant.MIN_ROWS
 
 
 TOP_K = 20  # runtime.interface.MAX_TOP_LOGPROBS: alternatives computed per position
@@ -186,8 +188,9 @@ class Transformer(nnx.Module):
     def _heads(self, q, k, p, rope, stream: bool):
         """q [B, T, N * E] and k [B, T, K * E] -> normed (where the family norms them) and rotated q [B, T, N, E],
         k [B, T, K, E] in the attention dtype. `stream`: q and k are the batch-invariant stream, normed and rotated in
-        fixed tiles of tokens (runtime.model.invariant): their results are then cut into rows, never fused with the
-        cut (which moved the rotation's bits)."""
+        fixed tiles of tokens (runtime.model.invariant): the loop's output is materialized, so nothing that cuts or
+        gathers it fuses with the rotation (over the whole stream, fused with the attention's gathers, the rotation's
+        bits moved with the number of tokens: tiny Gemma 2, 2026-11-26)."""
         (cos, sin), local = rope
         if local is not None:  # Gemma 3: the sliding layers' own RoPE base
             cos, sin = jnp.where(p["local_rope"], local[0], cos), jnp.where(p["local_rope"], local[1], sin)
@@ -219,7 +222,7 @@ class Transformer(nnx.Module):
 
     def _finish(self, h, out, p, stream: bool, lora=None):
         """After attention: out [B, T, N, E] projected and added to h [B, T, D], then the MLP (or experts).
-        `stream`: h is the batch-invariant stream (its norms and router in fixed tiles of tokens)."""
+        `stream`: h is the batch-invariant stream (its router in fixed tiles of tokens)."""
         cfg = self.cfg
         B, T, _ = h.shape
         out = self._dense(out.reshape(B, T, cfg.num_heads * cfg.head_dim), p, "wo", lora)
@@ -254,10 +257,9 @@ class Transformer(nnx.Module):
         return (per_token[..., None] == self.lora_columns[...]).astype(F32)
 
     def _norm(self, x, weight, stream: bool):
-        """RMSNorm of x [B, T, D]; on the batch-invariant stream [1, M, D] over fixed tiles of tokens (over all of
-        them at once a token's bits moved with their number: runtime.model.invariant)."""
-        norm = lambda t: rms_norm(t, weight, self.cfg.rms_norm_eps)
-        return invariant.tokenwise(norm, x) if stream else norm(x)
+        """RMSNorm of x [..., D]; on the batch-invariant stream with its sums of squares as a matmul (as a reduction
+        a token's bits moved with the number of tokens: runtime.model.invariant)."""
+        return (invariant.rms_norm if stream else rms_norm)(x, weight, self.cfg.rms_norm_eps)
 
     def _attend(self, q, k, v, p, ctx, stream: bool):
         """Attention of one layer: causal over whole rows (ctx None), after a shared context (ctx: context keys,
@@ -269,7 +271,8 @@ class Transformer(nnx.Module):
         how = dict(implementation=self.kernels.attention, scale=cfg.attention_scale, softcap=cfg.attention_softcap)
         if stream:
             context = None if ctx is None else ctx[:3]
-            return invariant.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap, context)
+            return invariant.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap, context,
+                                    self.kernels.min_rows)
         if ctx is None:
             return attention.causal(q, k, v, window, **how)
         if isinstance(ctx, attention.Packed):
@@ -295,7 +298,7 @@ class Transformer(nnx.Module):
         if self.cfg.embed_scale != 1.0:
             h = h * self.cfg.embed_scale
         if tiled:
-            h = invariant.flatten(h)
+            h = invariant.flatten(h, min_tokens=self.kernels.min_rows)
         tokens_of_stream = h.shape[1] if tiled else None
         rope = self._rope(positions, self.inv_freq[...], lengths, self.rope_scaling, tokens_of_stream)
         lora = self._lora_mask(adapters, (B, T), tokens_of_stream)

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from runtime.model import lora
+from runtime.model import invariant, lora
 from runtime.model.config import ModelConfig
 from runtime.model.transformer import Transformer
 from runtime.model.weights import array_shapes
@@ -51,12 +51,13 @@ def executable_store(settings: Settings) -> ExecutableStore:
 
 def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] | None = None, *,
             devices: Sequence[Any] | None = None, lazy: bool = False, probe: bool = True, quiet: bool = False,
-            store: ExecutableStore | None = None, cpu: platforms.CpuFormat | None = None,
+            store: ExecutableStore | None = None, cpu: platforms.CpuFormat | None = None, rows: int | None = None,
             adapters: Sequence[lora.Adapter] = ()) -> tuple[Scorer, platforms.Platform]:
     """(Scorer, Platform) for this model on these devices (default: this host's). `arrays` None: abstract
     parameters, for compiling only. `probe`: run the cuDNN start-up probe (a real GPU only). `quiet`: no platform
     log line (the start's second composition says it). `store`: default, the settings' executable store. `cpu`: the
     CPU feature class and format to build for (default: this process's, runtime.serving.platform.host_cpu_format).
+    `rows`: the batch-invariant kernels' smallest matmuls (default: as runtime.serving.platform.fit_to_matmuls decides).
     `adapters`: the LoRA adapters loaded for the slots the settings compile (runtime.model.lora; the shapes, and so
     the programs, depend on the slots and the rank only)."""
     devices = list(devices if devices is not None else jax.local_devices())
@@ -71,25 +72,25 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
     explicit = settings.attention == "cudnn"
     platform = platforms.fit_to_model(platform, cfg, plan.max_length, explicit, probe=probe and arrays is not None)
     platform = platforms.fit_to_layout(platform, mesh, explicit)
+    base = array_shapes(cfg)  # the weights' shapes, from the config (the loader checked the weights against them)
+    projections = lora.projection_shapes(base)
+    shapes = base if not slots else base | lora.stacked_shapes(projections, cfg.num_layers, slots, rank)
+    store = store or executable_store(settings)
+    platform = platforms.fit_to_matmuls(platform, shapes, cfg.head_dim, rows, store.directory / "bitclasses.json")
     if not quiet:
         host = f"; host {platforms.host_cpu().describe()}" if platform.backend == "cpu" else ""
         log.info("platform %s%s", platform.describe(), host)
-
-    base = array_shapes(cfg)  # the weights' shapes, from the config (the loader checked the weights against them)
-    projections = lora.projection_shapes(base)
 
     def model() -> Transformer:
         if arrays is not None:
             adapted = arrays if not slots else arrays | lora.stacked(list(adapters), projections, cfg.num_layers,
                                                                      slots, rank)
             return Transformer(cfg, adapted, platform.dtype, platform.kernels, plan.max_length)
-        shapes = base if not slots else base | lora.stacked_shapes(projections, cfg.num_layers, slots, rank)
-        shapes = {name: jax.ShapeDtypeStruct(shape, np.int32 if name == "lora_columns" else np.float32)
-                  for name, shape in shapes.items()}
+        abstract = {name: jax.ShapeDtypeStruct(shape, np.int32 if name == "lora_columns" else np.float32)
+                    for name, shape in shapes.items()}
         return nnx.eval_shape(lambda a: Transformer(cfg, a, platform.dtype, platform.kernels, plan.max_length),
-                              shapes)
+                              abstract)
 
-    store = store or executable_store(settings)
     if mesh is None or arrays is None:  # one device (the unsharded runtime), or nothing to place
         built = model()
     else:
@@ -106,21 +107,27 @@ class Stored:
     fingerprint: str
     executables: dict[tuple, Any]  # {(entry point, bucket): executable}
     cpu: platforms.CpuFormat | None  # a CPU backend: the feature class and format of that set, which the start takes
+    rows: int | None = None  # and its batch-invariant kernels' smallest matmuls (None: as this host decides)
 
 
 def load_stored(settings: Settings, cfg: ModelConfig, store: ExecutableStore) -> Stored:
     """The executables the store holds for this model's start on this host, loaded from its config alone: a start
     deserializes them while its weights load (the fingerprint needs parameter shapes, not values). On a CPU: the
-    set of this process's own feature class, whole or in part, else the first set of a lower class (which this host
-    runs) that the store holds whole: an image built on another CPU starts without compiling. Nothing (and no
-    error) when the start would fail anyway; it fails in the real composition, saying why. `store`: the one the
-    start's scorer uses (a set that does not load is then logged once)."""
+    set of this process's own feature class, whole or in part, else a whole set this host runs: its class's compiled
+    on another host (with runtime.model.invariant's MIN_ROWS, when this host's matmuls keep their bits from as few),
+    or the first of a lower class's. An image built on another CPU starts without compiling. Nothing (and no error)
+    when the start would fail anyway; it fails in the real composition, saying why. `store`: the one the start's
+    scorer uses (a set that does not load is then logged once)."""
     try:
         own = platforms.host_cpu_format(settings.dtype) if platforms.current_backend() == "cpu" else None
-        below = platforms.classes_below(own.feature_class) if own else ()
-        candidates = itertools.chain([own], (platforms.cpu_format(c, dtype=settings.dtype) for c in below))
-        for i, cpu in enumerate(candidates):
-            scorer, _ = compose(settings, cfg, probe=False, quiet=True, store=store, cpu=cpu)
+        scorer, _ = compose(settings, cfg, probe=False, quiet=True, store=store, cpu=own)
+        floor = scorer.exe.model.kernels.min_rows
+        others = () if own is None or floor > invariant.MIN_ROWS else \
+            [own, *(platforms.cpu_format(c, dtype=settings.dtype) for c in platforms.classes_below(own.feature_class))]
+        candidates = itertools.chain([(own, None, scorer)], ((cpu, invariant.MIN_ROWS, None) for cpu in others))
+        for i, (cpu, rows, scorer) in enumerate(candidates):
+            if scorer is None:
+                scorer, _ = compose(settings, cfg, probe=False, quiet=True, store=store, cpu=cpu, rows=rows)
             keys = [(program.name, bucket) for program, bucket in scorer.plan.programs(cfg.task)]
             held = sum(store.holds(scorer.exe.fingerprint, *key) for key in keys)
             if (i == 0 and held) or held == len(keys):
@@ -133,7 +140,12 @@ def load_stored(settings: Settings, cfg: ModelConfig, store: ExecutableStore) ->
     if cpu is not own:
         log.warning("executable store: no executables for this host's CPU class %s; taking the whole set compiled "
                     "for class %s (which this host runs) instead of compiling", own.feature_class, cpu.feature_class)
+    elif rows is not None:
+        log.warning("executable store: no executables for this host's CPU class %s with its matmuls' bit classes "
+                    "(from %d rows); taking the whole set compiled for the class on another host (from %d)",
+                    own.feature_class, floor, rows)
     exe = scorer.exe
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # deserializing releases the GIL
         loaded = list(pool.map(lambda mk: exe.store.load(exe.fingerprint, *mk), keys))
-    return Stored(exe.fingerprint, {mk: compiled for mk, compiled in zip(keys, loaded) if compiled is not None}, cpu)
+    return Stored(exe.fingerprint, {mk: compiled for mk, compiled in zip(keys, loaded) if compiled is not None}, cpu,
+                  rows)

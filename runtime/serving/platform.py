@@ -9,20 +9,19 @@ choices"); the numbers below in comments are those measurements' conclusions, no
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import re
 import time
 from pathlib import Path
-from typing import Callable
 
 import jax
 import numpy as np
 
-from runtime.model import attention
+from runtime.model import attention, invariant
 from runtime.model.config import ModelConfig
 from runtime.model.transformer import Kernels
+from runtime.serving import bitclasses
 from runtime.serving.buckets import label_buckets, rounded_up
 from runtime.serving.grid import GridLayout
 from runtime.serving.layout import BucketLayout
@@ -48,12 +47,24 @@ CPU_CLASSES = (("amx", ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f"), "AMX"
                ("avx2", ("avx2", "fma"), "AVX2"),
                ("baseline", (), "AVX"))  # what jaxlib itself needs: no executable set goes lower
 CPU_CLASS_NAMES = tuple(name for name, _, _ in CPU_CLASSES)
-# Classes whose matrix instructions multiply bfloat16 (with float32 accumulation): elsewhere bfloat16 is emulated,
-# and slower than float32 (2.7x at batch 1 on an AMD EPYC without them).
-BF16_MATMUL_CLASSES = ("amx", "avx512_bf16")
-# The matmul probe must find bfloat16 at least this much faster to choose it: AMX measured 3.8-4.2x (Intel Xeon,
-# 2026-11), so the margin keeps a noisy host from flipping the format between starts.
-BF16_MIN_SPEEDUP = 1.5
+# The number format of each CPU class (SCOREFN_DTYPE auto): a fixed table, so the same image on the same class always
+# computes in the same format (a matmul timed at every start flipped it on an AMD EPYC Zen 4 in 1 of 3 idle starts).
+# The figures come from `scorefn platform --probe` (matmul_probe: 2048x576 @ 576x1536, the embedded model's MLP, in
+# float32 and in bfloat16 with float32 accumulation) and `scorefn bench` on 2-core hosts of the class.
+CPU_FORMATS = {
+    "amx": ("bfloat16", "AMX multiplies bfloat16 tiles with float32 accumulation: 1,234 GFLOP/s against 295 in "
+                        "float32 (Intel Xeon, 2026-11-24)"),
+    "avx512_bf16": ("bfloat16", "AVX512-BF16 multiplies bfloat16 pairs with float32 accumulation: 318-373 GFLOP/s "
+                                "against 165-193 in float32, the embedded model 1.5-1.6x as fast end to end (AMD EPYC "
+                                "Zen 4, 2026-11-26)"),
+    "avx512": ("float32", "no bfloat16 matrix instructions: bfloat16 would be emulated (2.7x slower at batch 1, AMD "
+                          "EPYC, 2026-11-23)"),
+    "avx2": ("float32", "no bfloat16 matrix instructions: bfloat16 would be emulated (2.7x slower at batch 1, AMD "
+                        "EPYC, 2026-11-23)"),
+    "baseline": ("float32", "no bfloat16 matrix instructions known"),
+}
+# Classes whose matrix instructions multiply bfloat16 (with float32 accumulation): elsewhere bfloat16 is emulated.
+BF16_MATMUL_CLASSES = tuple(name for name, (dtype, _) in CPU_FORMATS.items() if dtype == "bfloat16")
 CPUINFO = Path("/proc/cpuinfo")
 MAX_ISA = re.compile(r"--xla_cpu_max_isa=(\w+)")  # in XLA_FLAGS: the instruction set XLA:CPU compiles up to
 
@@ -124,9 +135,10 @@ class CpuFormat:
         return f"CPU class {self.feature_class}: {self.reason}"
 
 
-def matmul_probe(rows: int = 256, width: int = 576, inner: int = 1536, repeats: int = 7) -> dict[str, float]:
+def matmul_probe(rows: int = 2048, width: int = 576, inner: int = 1536, repeats: int = 15) -> dict[str, float]:
     """GFLOP/s of one model-shaped matmul ([rows, width] @ [width, inner]) in float32 and in bfloat16 with float32
-    accumulation, as the model computes them; the median of `repeats` runs each (a few tenths of a second)."""
+    accumulation, as the model computes them; the median of `repeats` runs each. A tool (`scorefn platform --probe`,
+    `scorefn bench`): what CPU_FORMATS was decided from, never a decision at start (timings are noisy)."""
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((rows, width), np.float32), rng.standard_normal((width, inner), np.float32)
     figures = {}
@@ -144,30 +156,16 @@ def matmul_probe(rows: int = 256, width: int = 576, inner: int = 1536, repeats: 
     return figures
 
 
-_probe_once = functools.cache(matmul_probe)  # a host's figures do not change while it runs
-
-
-def cpu_format(feature_class: str, probe: Callable[[], dict[str, float]] = _probe_once,
-               dtype: str = "auto") -> CpuFormat:
-    """bfloat16 where the class multiplies it in hardware and the probe (where the features alone do not decide)
-    finds it at least BF16_MIN_SPEEDUP faster; float32 elsewhere; `dtype` (SCOREFN_DTYPE) when not auto, without
-    probing. `probe` is injectable: tests stand in other hosts' figures."""
+def cpu_format(feature_class: str, dtype: str = "auto", formats: dict[str, tuple[str, str]] = CPU_FORMATS
+               ) -> CpuFormat:
+    """The class's format from `formats` (CPU_FORMATS; tests inject others); `dtype` (SCOREFN_DTYPE) when not auto."""
     if dtype != "auto":
         return CpuFormat(feature_class, dtype, "SCOREFN_DTYPE")
-    if feature_class not in BF16_MATMUL_CLASSES:
-        return CpuFormat(feature_class, "float32", "no bfloat16 matrix instructions (bfloat16 would be emulated)")
-    if feature_class == "amx":
-        return CpuFormat(feature_class, "bfloat16", "AMX multiplies bfloat16 tiles with float32 accumulation")
-    figures = probe()
-    speedup = figures["bfloat16"] / figures["float32"]
-    dtype = "bfloat16" if speedup >= BF16_MIN_SPEEDUP else "float32"
-    return CpuFormat(feature_class, dtype, f"matmul probe {figures['float32']:.0f} GFLOP/s float32, "
-                                          f"{figures['bfloat16']:.0f} bfloat16 ({speedup:.2f}x; bfloat16 from "
-                                          f"{BF16_MIN_SPEEDUP}x)")
+    return CpuFormat(feature_class, *formats[feature_class])
 
 
 def host_cpu_format(dtype: str = "auto") -> CpuFormat:
-    """This process's CpuFormat: the one of the class it compiles for (the probe runs at most once per process)."""
+    """This process's CpuFormat: the one of the class it compiles for."""
     return cpu_format(compile_class(), dtype=dtype)
 
 
@@ -201,7 +199,8 @@ class Platform:
     def describe(self) -> str:
         k = self.kernels
         why = f" ({self.cpu.describe()})" if self.cpu else ""
-        return (f"{self.backend}: {self.dtype}{why}, batch-invariant {'on' if k.batch_invariant else 'off'}, "
+        invariant = f"on (matmuls of at least {k.min_rows} rows)" if k.batch_invariant else "off"
+        return (f"{self.backend}: {self.dtype}{why}, batch-invariant {invariant}, "
                 f"layer loop {'unrolled' if k.unroll else 'scanned'}, attention "
                 f"{k.attention} in {k.attention_dtype}, matmul precision {k.matmul_precision or 'default'}, "
                 f"{self.layout.describe()}, completion batches {self.completion_batch_buckets}, labels "
@@ -210,10 +209,13 @@ class Platform:
 
 
 def attention_dtype(backend: str, dtype: str, attention: str) -> str:
-    """bfloat16 Q/K/V where the kernel needs them (cuDNN) or the platform is built for them (TPU); float32 else:
-    on the embedded model bfloat16 attention raised the p99 log-prob error of bfloat16 weights from 0.055 to
-    0.093 (41 prompts x 16 labels, CPU emulation), so XLA on a CPU or GPU keeps attention in float32."""
-    return dtype if dtype != "float32" and (attention == "cudnn" or backend == "tpu") else "float32"
+    """Q/K/V in the model's format (float32 softmax and accumulation), except XLA attention on a GPU: float32 there,
+    the exact choice beside cuDNN (which needs bfloat16). On a CPU bfloat16 attention stays within the exactness rule
+    (its error against transformers float32 no larger than transformers bfloat16's): embedded model, 41 prompts x
+    16 labels, three sets, AMD EPYC Zen 4, 2026-11-26: mean 0.016, p99 0.058-0.068, max 0.068-0.157 (float32
+    attention 0.012-0.014 / 0.050-0.056 / 0.060-0.117; transformers bfloat16 0.053-0.056 / 0.22-0.24 / 0.44), and
+    its matmuls run at the bfloat16 speed, with the bfloat16 rows' bit classes (runtime.serving.bitclasses)."""
+    return "float32" if dtype == "float32" or (backend == "gpu" and attention == "xla") else dtype
 
 
 def current_backend() -> str:
@@ -276,6 +278,23 @@ def resolve(settings: Settings, backend: str | None = None, data: int = 1, cpu: 
     return Platform(backend, dtype, kernels, layout, settings.max_bucket_tokens or max_tokens,
                     buckets(settings.completion_batch_buckets, completion_batches), labels,
                     rounds_in_flight=2 if accelerator else 1, cpu=None if accelerator else cpu)
+
+
+def fit_to_matmuls(platform: Platform, shapes: dict[str, tuple[int, ...]], head_dim: int, rows: int | None,
+                   record: Path | None) -> Platform:
+    """A CPU's batch-invariant kernels sized by its matmuls' bit classes: their smallest matmuls get as many rows as
+    the host's own keep one set of bits from (runtime.serving.bitclasses, measured once and kept in `record`) when
+    compiling for the host's own class; for another class (`scorefn warmup --cpu-class`) runtime.model.invariant's
+    MIN_ROWS, which every host measured so far keeps. `rows`: decided already (a stored set's)."""
+    kernels = platform.kernels
+    if platform.backend != "cpu" or not kernels.batch_invariant:
+        return platform
+    if rows is None:
+        host = host_cpu().feature_class  # its matmul kernels are picked by its features at run time
+        native = platform.cpu is None or platform.cpu.feature_class == host
+        rows = invariant.MIN_ROWS if not native else bitclasses.floor(
+            invariant.matmul_shapes(shapes, platform.dtype, kernels.attention_dtype, head_dim), host, record)
+    return dataclasses.replace(platform, kernels=dataclasses.replace(kernels, min_rows=rows))
 
 
 def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool,

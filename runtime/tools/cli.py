@@ -1,4 +1,4 @@
-"""`scorefn` command line: serve, batch, score, warmup, compile, prepare, bench, settings.
+"""`scorefn` command line: serve, batch, score, warmup, compile, prepare, bench, settings, platform.
 
 Each command imports what it runs when it runs (imports inside the functions below, on purpose): `scorefn serve`
 replaces this process with granian, `scorefn batch` with the batch job (handler.batch: it drives the handler's
@@ -119,6 +119,22 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_platform(args: argparse.Namespace) -> int:
+    """The host's CPU, its class and the number format the class computes in (a fixed table); with --probe, the
+    matmul figures such a table entry is decided from (a few seconds; they vary from run to run)."""
+    from runtime.serving.platform import CPU_FORMATS, compile_class, host_cpu, host_cpu_format, matmul_probe
+
+    cpu, fmt = host_cpu(), host_cpu_format()
+    report: dict = {"cpu": cpu.describe(), "compiles_for": compile_class(), "dtype": fmt.dtype, "why": fmt.reason,
+                    "table": {name: dtype for name, (dtype, _) in CPU_FORMATS.items()}}
+    if args.probe:
+        figures = matmul_probe()
+        report["matmul_gflops"] = {dtype: round(rate, 1) for dtype, rate in figures.items()}
+        report["bfloat16_speedup"] = round(figures["bfloat16"] / figures["float32"], 2)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
     for setting in SETTINGS:
         print(f"{setting.env:34} {setting.default!r:34} {setting.help}")
@@ -189,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("prepare", help="convert the model into the cache directory and exit").set_defaults(
         func=cmd_prepare)
     sub.add_parser("settings", help="list every setting with its default").set_defaults(func=cmd_settings)
+    platform = sub.add_parser("platform", help="this host's CPU class and the number format it computes in")
+    platform.add_argument("--probe", action="store_true", help="also time a model-shaped matmul in float32 and "
+                          "bfloat16 (what the format table is decided from)")
+    platform.set_defaults(func=cmd_platform)
     sub.add_parser("coldstart", help="measure start to /ready with an empty and a warm compile cache").set_defaults(
         func=cmd_coldstart)
 
