@@ -19,6 +19,10 @@ UV := $(UV_VENV)/bin/uv
 TORCH_FIND_LINKS ?= $(if $(wildcard /opt/wheels/torch-*),/opt/wheels,https://download.pytorch.org/whl/cpu/torch/)
 export TORCH_FIND_LINKS
 SYNC = $(UV) pip sync --quiet --require-hashes --python $(PY)
+# Packages are installed compiled to bytecode: a process then reads it instead of compiling the sources of JAX,
+# transformers and PyTorch again, ~5 s of every Python process's start on 2 cores where PYTHONDONTWRITEBYTECODE is
+# set (and the servers, batch jobs and workers the tests start are dozens of processes).
+export UV_COMPILE_BYTECODE = 1
 
 .PHONY: serve serve-check test bench loadtest warmup setup setup-test setup-aot lock docs image-check clean
 

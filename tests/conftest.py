@@ -35,6 +35,17 @@ def embedded_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, embedded_dir):
+    """A tiny random Llama with SmolLM2's tokenizer: engines and servers start on it as on the embedded model, for
+    tests of the machinery (compiles, the store, batching, processes) rather than of the model's numbers."""
+    from tests.runtime.conftest import tiny_served
+
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    tiny_served("llama", directory, embedded_dir, tie_word_embeddings=True)
+    return directory
+
+
+@pytest.fixture(scope="session")
 def torch_embedded():
     """transformers' PyTorch model loaded from the same GGUF file, float32 (the reference)."""
     torch = pytest.importorskip("torch")
@@ -46,6 +57,40 @@ def torch_embedded():
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     return FlushingDenormals(model.eval()), tokenizer
+
+
+@pytest.fixture(scope="session")
+def torch_embedded_bfloat16():
+    """transformers' model from the same GGUF file in bfloat16, as a user loads it: the baseline of the bfloat16
+    exactness rule (assert_bfloat16_within_baseline)."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from runtime.model.gguf import embedded_gguf
+
+    gguf = embedded_gguf()
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16)
+    return FlushingDenormals(model.eval())
+
+
+def error_figures(ours, reference) -> tuple[float, float, float]:
+    """Mean, p99 and max of |ours - reference|."""
+    import numpy as np
+
+    error = np.abs(np.asarray(ours, np.float64) - reference)
+    return float(error.mean()), float(np.percentile(error, 99)), float(error.max())
+
+
+def assert_bfloat16_within_baseline(ours, baseline, reference, note: str = "", max_margin: float = 1.0) -> None:
+    """The bfloat16 exactness rule: scorefn's error against transformers float32 (`reference`) is no larger than
+    transformers bfloat16's (`baseline`), on the same weights, inputs and host, measured in the same test: its mean
+    and p99 at most the baseline's, its max at most `max_margin` times the baseline's (a sample's maximum is one
+    outlier: where the samples are few, a margin the tests defend). The failure says both."""
+    mine, theirs = error_figures(ours, reference), error_figures(baseline, reference)
+    bounds = (theirs[0], theirs[1], theirs[2] * max_margin)
+    assert all(m <= t for m, t in zip(mine, bounds)), (
+        f"{note}: |error| mean / p99 / max: scorefn bfloat16 {mine[0]:.4f} / {mine[1]:.4f} / {mine[2]:.4f}, "
+        f"transformers bfloat16 {theirs[0]:.4f} / {theirs[1]:.4f} / {theirs[2]:.4f}")
 
 
 class FlushingDenormals:

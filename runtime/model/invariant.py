@@ -54,8 +54,11 @@ import numpy as np
 from runtime.model.attention import MASKED, visible
 
 F32 = jnp.float32
-STREAM_TILE = 32  # tokens of a tile of the stream's norms, q/k norms and RoPE tables
-TILE = 16  # rows of the vocabulary head's tiles
+# Tokens of a tile of `tokenwise`'s loops (the rotation and q/k norms, the RoPE tables, the router): each iteration
+# costs ~25 us beyond its work, so tiles are large; a tile's bits do not depend on its size, which is fixed.
+TOKEN_TILE = 128
+STREAM_ALIGN = 8  # the stream's tokens, a multiple of this
+TILE = 16  # rows of the heads' tiles (the label log-probabilities' from Kernels.head_rows: the same bits)
 # The fewest rows of the kernels' matmuls (the token stream's, an attention tile's) where the host's own are not
 # measured (runtime.serving.bitclasses): every threshold measured so far is below it (33, 51 and 63 rows).
 MIN_ROWS = 64
@@ -66,15 +69,15 @@ POSITION_TILE = 64  # positions of a tile of per-position log-probabilities (eac
 
 def flatten(x: jax.Array, tokens: int | None = None, min_tokens: int = 1) -> jax.Array:
     """Rows x [B, T, ...] as one stream of tokens [1, M, ...]: the rows' B * T tokens, then zero tokens up to
-    M = `tokens` (default: at least `min_tokens`, a whole number of tiles of STREAM_TILE tokens)."""
+    M = `tokens` (default: at least `min_tokens`, a multiple of STREAM_ALIGN)."""
     B, T = x.shape[:2]
-    m = -(-max(B * T, min_tokens) // STREAM_TILE) * STREAM_TILE if tokens is None else tokens
+    m = -(-max(B * T, min_tokens) // STREAM_ALIGN) * STREAM_ALIGN if tokens is None else tokens
     return _padded(x.reshape(B * T, *x.shape[2:]), m - B * T)[None]
 
 
 def tokenwise(fn: Callable, stream):
-    """fn over the tokens of streams [1, M, ...] (flatten's: M a whole number of tiles) in tiles of STREAM_TILE."""
-    out = rowwise(fn, jax.tree.map(lambda a: a[0], stream), STREAM_TILE)
+    """fn over the tokens of streams [1, M, ...] (flatten's) in tiles of TOKEN_TILE."""
+    out = rowwise(fn, jax.tree.map(lambda a: a[0], stream), TOKEN_TILE)
     return jax.tree.map(lambda a: a[None], out)
 
 
@@ -181,14 +184,14 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
         def prefix_block(j, state):
             kj, vj = (jax.lax.dynamic_slice_in_dim(a, j * KEY_BLOCK, KEY_BLOCK) for a in (ctx_k, ctx_v))
             values = jnp.concatenate([vj, ones], axis=-1)  # [block, K, E + 1]
-            scores = _rows_by_kv(_matmul(tiles, kj, ((4,), (2,)), ((2,), (1,))))  # all queries at once
+            scores = _rows_by_kv(matmul(tiles, kj, ((4,), (2,)), ((2,), (1,))))  # all queries at once
             seen = visible(q_pos[:, :, None], j * KEY_BLOCK + k_offsets, window)[:, None, None]
             return attend(state, scores, seen,
-                          lambda p: _rows_by_kv(_matmul(p.astype(values.dtype), values, ((4,), (0,)), ((2,), (1,)))))
+                          lambda p: _rows_by_kv(matmul(p.astype(values.dtype), values, ((4,), (0,)), ((2,), (1,)))))
         state = jax.lax.fori_loop(0, first, prefix_block, state)
 
     def one_tile(xs):
-        i, live, q_i, m, acc = xs  # a tile of every row: queries [B, K, rows, E], its state [B, K, rows(, E + 1)]
+        i, q_i, m, acc = xs  # a tile of every row: queries [B, K, rows, E], its state [B, K, rows(, E + 1)]
         pos_i = jax.lax.dynamic_index_in_dim(q_pos, i, keepdims=False)  # [rows]
 
         def row_block(j, state):
@@ -201,20 +204,25 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
                 kj = jnp.where(in_prefix, jnp.take(ctx_k, at_prefix, axis=0)[None], kj)
                 vj = jnp.where(in_prefix, jnp.take(ctx_v, at_prefix, axis=0)[None], vj)
             values = jnp.concatenate([vj, jnp.broadcast_to(ones[None], (B, *ones.shape))], axis=-1)
-            scores = _matmul(q_i, kj, ((3,), (3,)), ((0, 1), (0, 2)))  # [B, K, rows, block]
+            scores = matmul(q_i, kj, ((3,), (3,)), ((0, 1), (0, 2)))  # [B, K, rows, block]
             seen = visible(pos_i[:, None], k_pos[None, :], window)
             return attend(state, scores, seen,
-                          lambda p: _matmul(p.astype(values.dtype), values, ((3,), (1,)), ((0, 1), (0, 2))))
-        last = jnp.where(live, jnp.max(pos_i) // KEY_BLOCK + 1, first)  # `loop`'s unused slot visits no block
+                          lambda p: matmul(p.astype(values.dtype), values, ((3,), (1,)), ((0, 1), (0, 2))))
+        # A loop whatever its length: a one-trip loop, inlined, would fuse with what surrounds it (the trip count is
+        # hidden from XLA, as in `loop`).
+        last = jax.lax.optimization_barrier(jnp.max(pos_i) // KEY_BLOCK + 1)
         _, acc = jax.lax.fori_loop(first, last, row_block, (m, acc))
         return acc[..., :E] / acc[..., E:]  # [B, K, rows, E]
 
-    out = loop(one_tile, (jnp.arange(n), jnp.ones((n,), bool), tiles, *state))  # [n, B, K, rows, E]
+    if n == 1:  # one tile (rows up to QUERY_TILE_MAX): its loop of blocks alone, ~0.1 ms a layer less
+        out = one_tile((0, tiles[0], *(a[0] for a in state)))[None]
+    else:
+        out = loop(one_tile, (jnp.arange(n), tiles, *state))  # [n, B, K, rows, E]
     out = jnp.transpose(out.reshape(n, B, K, tile, G, E), (1, 0, 3, 2, 4, 5)).reshape(B, n * tile, N, E)
     return out[:, :T]
 
 
-def _matmul(rows: jax.Array, other: jax.Array, contract, batch) -> jax.Array:
+def matmul(rows: jax.Array, other: jax.Array, contract, batch=((), ())) -> jax.Array:
     """lax.dot_general with `rows` as its left operand (its free dims the matmul's rows, whose count decides the bit
     class), accumulated in float32. jnp.einsum may swap the operands, making the other side's size the rows."""
     return jax.lax.dot_general(rows, other, (contract, batch), preferred_element_type=F32)
@@ -234,7 +242,7 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     of rows (RMSNorm 576 wide changed at 4,096 tokens, 64 wide at 64)."""
     x = x.astype(F32)
     flat = x.reshape(-1, x.shape[-1])
-    sums = _matmul(flat * flat, jnp.ones((x.shape[-1], SUM_COLUMNS), F32), ((1,), (0,)), ((), ()))[:, :1]
+    sums = matmul(flat * flat, jnp.ones((x.shape[-1], SUM_COLUMNS), F32), ((1,), (0,)), ((), ()))[:, :1]
     mean = sums.reshape(*x.shape[:-1], 1) / x.shape[-1]
     return x * jax.lax.rsqrt(mean + eps) * weight.astype(F32)
 
@@ -267,3 +275,17 @@ def matmul_shapes(shapes: dict[str, tuple[int, ...]], dtype: str, attention_dtyp
         else:
             found.add((*shape[1:], dtype))
     return tuple(sorted(found))
+
+
+def logsumexp(x: jax.Array) -> jax.Array:
+    """log(sum(exp(x))) over the last axis of rows x [M, V]: the maximum (exact in any order), then the sum of the
+    exponentials as a matmul against ones (a reduction's order followed the number of rows)."""
+    top = jnp.max(x, axis=-1)
+    sums = matmul(jnp.exp(x - top[:, None]), jnp.ones((x.shape[-1], SUM_COLUMNS), F32), ((1,), (0,)))[:, 0]
+    return top + jnp.log(sums)
+
+
+def head_tile(rows: int, span: tuple[int, int]) -> int:
+    """Rows of a head's tile for a batch of `rows`: all of them within `span` (Kernels.head_rows: the counts that give
+    a row the same bits), else the nearest end of it."""
+    return min(max(rows, span[0]), span[1])

@@ -54,6 +54,8 @@ class Kernels:
     # Batch-invariant kernels: the fewest rows of a matmul (the token stream's, an attention tile's), from which rows
     # have the same bits whatever their number (runtime.serving.bitclasses measures it on the host).
     min_rows: int = invariant.MIN_ROWS
+    # and the rows of a tile of the label log-probabilities' head that give a row the bits it has in a tile of TILE
+    head_rows: tuple[int, int] = (invariant.TILE, invariant.TILE)
 
 
 TOP_K = 20  # runtime.interface.MAX_TOP_LOGPROBS: alternatives computed per position
@@ -194,20 +196,22 @@ class Transformer(nnx.Module):
         (cos, sin), local = rope
         if local is not None:  # Gemma 3: the sliding layers' own RoPE base
             cos, sin = jnp.where(p["local_rope"], local[0], cos), jnp.where(p["local_rope"], local[1], sin)
-        if not stream:
-            return self._normed_and_rotated(q, k, cos, sin, p)
-        tile = lambda xs: tuple(a[0] for a in self._normed_and_rotated(*(x[None] for x in xs), p))
-        return invariant.tokenwise(tile, (q, k, cos, sin))
+        if stream:  # float32 out of the loop: XLA:CPU updated a bfloat16 loop output through float32, whole, per tile
+            tile = lambda xs: tuple(a[0] for a in self._normed_and_rotated(*(x[None] for x in xs), p))
+            q, k = invariant.tokenwise(tile, (q, k, cos, sin))
+        else:
+            q, k = self._normed_and_rotated(q, k, cos, sin, p)
+        return q.astype(self.attention_dtype), k.astype(self.attention_dtype)
 
     def _normed_and_rotated(self, q, k, cos, sin, p):
+        """q and k normed where the family norms them and rotated, [B, T, N or K, E] float32."""
         cfg = self.cfg
         B, T, _ = q.shape
         if cfg.qk_norm:
             q, k = self._qk_normed(q, k, p)
         q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)
         k = k.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
-        adt = self.attention_dtype
-        return rotate(q, cos, sin).astype(adt), rotate(k, cos, sin).astype(adt)
+        return rotate(q, cos, sin), rotate(k, cos, sin)
 
     def _qk_normed(self, q, k, p):
         """q [..., N * E] and k [..., K * E] normed as the family norms them: OLMo 2 over all heads at once (its
@@ -423,7 +427,16 @@ class Transformer(nnx.Module):
 
     def label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
         """hidden [B, D], labels [B, L] (per row) -> log P(label) over the full vocabulary [B, L] float32."""
-        return self._rows(lambda xs: self._label_logprobs(*xs), (hidden, labels))
+        if not self.kernels.batch_invariant:
+            return self._label_logprobs(hidden, labels)
+        tile = invariant.head_tile(hidden.shape[0], self.kernels.head_rows)
+        return invariant.rowwise(lambda xs: self._invariant_label_logprobs(*xs), (hidden, labels), tile)
+
+    def _invariant_label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
+        """A tile of rows, each with the bits it has in any other tile of head_rows: the logits' matmul rows keep
+        them, the labels' logits are read off it and its log-sum-exp sums with a matmul."""
+        logits = self._final_logits(invariant.matmul(hidden, self._vocab_head(), ((1,), (1,))))  # [tile, V]
+        return jnp.take_along_axis(logits, labels, axis=1) - invariant.logsumexp(logits)[:, None]
 
     def _label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
         head = self._vocab_head()

@@ -36,26 +36,52 @@ ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33, 40, 48, 51, 56, 63, 64, 65, 80, 96
 Shape = tuple[int, int, str]  # (inner, outer, dtype): x [M, inner] @ w [inner, outer] in dtype, float32 accumulation
 
 
-def measure(shapes: tuple[Shape, ...]) -> dict[Shape, int]:
-    """For each shape, the fewest rows (one of ROWS) from which every larger listed row count gives the first and
-    the last row of `x[:M] @ w` the bits they have in the largest matmul."""
+def measure(shapes: tuple[Shape, ...], counts: tuple[int, ...] = ROWS, reference: int | None = None
+            ) -> dict[Shape, tuple[int, int]]:
+    """For each shape, the rows (of `counts`) from which and up to which every listed count gives the first and the
+    last row of `x[:M] @ w` the bits they have with `reference` rows (default: the most): (lo, hi), a span of counts
+    around the reference."""
+    reference = counts[-1] if reference is None else reference
     rng = np.random.default_rng(0)
-    xs = {inner: rng.standard_normal((ROWS[-1], inner)).astype(np.float32) for inner, _, _ in shapes}
+    xs = {inner: rng.standard_normal((max(counts), inner)).astype(np.float32) for inner, _, _ in shapes}
     ws = [rng.standard_normal((inner, outer)).astype(np.float32) for inner, outer, _ in shapes]
-    last = np.asarray(ROWS) - 1
+    at = counts.index(reference)
 
-    def rows(xs, ws):  # per shape: [len(ROWS), 2, outer] (each count's first and last row), [len(ROWS), outer]
+    def rows(xs, ws):  # per shape and count: the product's first and last rows, and the reference's same rows
         out = []
         for (inner, _, dtype), w in zip(shapes, ws):
-            products = [jax.lax.dot_general(xs[inner][:m].astype(dtype), w.astype(dtype), (((1,), (0,)), ((), ())),
-                                            preferred_element_type=jnp.float32) for m in ROWS]
-            out.append((jnp.stack([p[jnp.array([0, m - 1])] for p, m in zip(products, ROWS)]), products[-1][last]))
+            products = {m: jax.lax.dot_general(xs[inner][:m].astype(dtype), w.astype(dtype), (((1,), (0,)), ((), ())),
+                                               preferred_element_type=jnp.float32) for m in counts}
+            out.append([(products[m][jnp.array([0, m - 1])], products[reference][jnp.array([0, m - 1])])
+                        if m <= reference else
+                        (products[m][jnp.array([0, reference - 1])], products[reference][jnp.array([0, reference - 1])])
+                        for m in counts])
         return out
     found = {}
-    for shape, (ends, reference) in zip(shapes, jax.device_get(jax.jit(rows)(xs, ws))):
-        same = [np.array_equal(first_last[0], reference[0]) and np.array_equal(first_last[1], reference[i])
-                for i, first_last in enumerate(ends)]
-        found[shape] = next(m for i, m in enumerate(ROWS) if all(same[i:]))
+    for shape, pairs in zip(shapes, jax.device_get(jax.jit(rows)(xs, ws))):
+        same = [np.array_equal(got, want) for got, want in pairs]
+        lo = at
+        while lo > 0 and same[lo - 1]:
+            lo -= 1
+        hi = at
+        while hi + 1 < len(counts) and same[hi + 1]:
+            hi += 1
+        found[shape] = (counts[lo], counts[hi])
+    return found
+
+
+def span(shapes: tuple[Shape, ...], cpu: str, reference: int, counts: tuple[int, ...],
+         record: Path | None = None) -> tuple[int, int]:
+    """The counts of rows around `reference` with which every one of `shapes` gives each row the bits it has with
+    `reference` rows: read from `record` when it holds these shapes for this CPU, else measured (and written there)."""
+    key = _key((*shapes, ("span", reference, counts)), cpu)
+    recorded = _read(record).get(key) if record is not None else None
+    if recorded is not None:
+        return tuple(recorded)
+    spans = _measured(shapes, counts, reference).values()
+    found = (max(lo for lo, _ in spans), min(hi for _, hi in spans))
+    if record is not None:
+        _write(record, key, found)
     return found
 
 
@@ -67,22 +93,23 @@ def floor(shapes: tuple[Shape, ...], cpu: str, record: Path | None = None) -> in
     recorded = _read(record).get(key) if record is not None else None
     if recorded is not None:
         return int(recorded)
-    found = max(_measured(shapes).values())
+    found = max(lo for lo, _ in _measured(shapes, ROWS, ROWS[-1]).values())
     if record is not None:
         _write(record, key, found)
     return found
 
 
 @functools.cache
-def _measured(shapes: tuple[Shape, ...]) -> dict[Shape, int]:
-    found = measure(shapes)
-    log.info("matmul bit classes: %s", ", ".join(f"{i}x{o} {d} from {m} rows" for (i, o, d), m in found.items()))
+def _measured(shapes: tuple[Shape, ...], counts: tuple[int, ...], reference: int) -> dict[Shape, tuple[int, int]]:
+    found = measure(shapes, counts, reference)
+    log.info("matmul bit classes: %s", ", ".join(f"{i}x{o} {d}: {lo}-{hi} rows as {reference}"
+                                                  for (i, o, d), (lo, hi) in found.items()))
     return found
 
 
-def _key(shapes: tuple[Shape, ...], cpu: str) -> str:
+def _key(shapes: tuple, cpu: str) -> str:
     """Everything the answer depends on: the shapes, the JAX and XLA builds and flags, and the CPU."""
-    parts = [sorted(shapes), jax.__version__, importlib.metadata.version("jaxlib"), os.environ.get("XLA_FLAGS", ""),
+    parts = [sorted(map(str, shapes)), jax.__version__, importlib.metadata.version("jaxlib"), os.environ.get("XLA_FLAGS", ""),
              cpu, list(ROWS)]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
 
@@ -94,7 +121,7 @@ def _read(record: Path) -> dict:
         return {}
 
 
-def _write(record: Path, key: str, found: int) -> None:
+def _write(record: Path, key: str, found) -> None:
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         partial = record.with_suffix(f".{os.getpid()}.tmp")

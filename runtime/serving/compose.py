@@ -51,13 +51,13 @@ def executable_store(settings: Settings) -> ExecutableStore:
 
 def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] | None = None, *,
             devices: Sequence[Any] | None = None, lazy: bool = False, probe: bool = True, quiet: bool = False,
-            store: ExecutableStore | None = None, cpu: platforms.CpuFormat | None = None, rows: int | None = None,
+            store: ExecutableStore | None = None, cpu: platforms.CpuFormat | None = None, portable: bool = False,
             adapters: Sequence[lora.Adapter] = ()) -> tuple[Scorer, platforms.Platform]:
     """(Scorer, Platform) for this model on these devices (default: this host's). `arrays` None: abstract
     parameters, for compiling only. `probe`: run the cuDNN start-up probe (a real GPU only). `quiet`: no platform
     log line (the start's second composition says it). `store`: default, the settings' executable store. `cpu`: the
     CPU feature class and format to build for (default: this process's, runtime.serving.platform.host_cpu_format).
-    `rows`: the batch-invariant kernels' smallest matmuls (default: as runtime.serving.platform.fit_to_matmuls decides).
+    `portable`: the batch-invariant kernels sized as for another CPU (runtime.serving.platform.fit_to_matmuls).
     `adapters`: the LoRA adapters loaded for the slots the settings compile (runtime.model.lora; the shapes, and so
     the programs, depend on the slots and the rank only)."""
     devices = list(devices if devices is not None else jax.local_devices())
@@ -76,7 +76,7 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
     projections = lora.projection_shapes(base)
     shapes = base if not slots else base | lora.stacked_shapes(projections, cfg.num_layers, slots, rank)
     store = store or executable_store(settings)
-    platform = platforms.fit_to_matmuls(platform, shapes, cfg.head_dim, rows, store.directory / "bitclasses.json")
+    platform = platforms.fit_to_matmuls(platform, shapes, cfg.head_dim, portable, store.directory / "bitclasses.json")
     if not quiet:
         host = f"; host {platforms.host_cpu().describe()}" if platform.backend == "cpu" else ""
         log.info("platform %s%s", platform.describe(), host)
@@ -107,7 +107,7 @@ class Stored:
     fingerprint: str
     executables: dict[tuple, Any]  # {(entry point, bucket): executable}
     cpu: platforms.CpuFormat | None  # a CPU backend: the feature class and format of that set, which the start takes
-    rows: int | None = None  # and its batch-invariant kernels' smallest matmuls (None: as this host decides)
+    portable: bool = False  # its batch-invariant kernels sized as for any CPU, not this host's own matmuls
 
 
 def load_stored(settings: Settings, cfg: ModelConfig, store: ExecutableStore) -> Stored:
@@ -124,10 +124,10 @@ def load_stored(settings: Settings, cfg: ModelConfig, store: ExecutableStore) ->
         floor = scorer.exe.model.kernels.min_rows
         others = () if own is None or floor > invariant.MIN_ROWS else \
             [own, *(platforms.cpu_format(c, dtype=settings.dtype) for c in platforms.classes_below(own.feature_class))]
-        candidates = itertools.chain([(own, None, scorer)], ((cpu, invariant.MIN_ROWS, None) for cpu in others))
-        for i, (cpu, rows, scorer) in enumerate(candidates):
+        candidates = itertools.chain([(own, False, scorer)], ((cpu, True, None) for cpu in others))
+        for i, (cpu, portable, scorer) in enumerate(candidates):
             if scorer is None:
-                scorer, _ = compose(settings, cfg, probe=False, quiet=True, store=store, cpu=cpu, rows=rows)
+                scorer, _ = compose(settings, cfg, probe=False, quiet=True, store=store, cpu=cpu, portable=True)
             keys = [(program.name, bucket) for program, bucket in scorer.plan.programs(cfg.task)]
             held = sum(store.holds(scorer.exe.fingerprint, *key) for key in keys)
             if (i == 0 and held) or held == len(keys):
@@ -140,12 +140,12 @@ def load_stored(settings: Settings, cfg: ModelConfig, store: ExecutableStore) ->
     if cpu is not own:
         log.warning("executable store: no executables for this host's CPU class %s; taking the whole set compiled "
                     "for class %s (which this host runs) instead of compiling", own.feature_class, cpu.feature_class)
-    elif rows is not None:
-        log.warning("executable store: no executables for this host's CPU class %s with its matmuls' bit classes "
-                    "(from %d rows); taking the whole set compiled for the class on another host (from %d)",
-                    own.feature_class, floor, rows)
+    elif portable:
+        log.warning("executable store: no executables for this host's CPU class %s sized by its matmuls' bit classes "
+                    "(from %d rows); taking the whole set compiled for the class elsewhere (from %d)",
+                    own.feature_class, floor, invariant.MIN_ROWS)
     exe = scorer.exe
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # deserializing releases the GIL
         loaded = list(pool.map(lambda mk: exe.store.load(exe.fingerprint, *mk), keys))
     return Stored(exe.fingerprint, {mk: compiled for mk, compiled in zip(keys, loaded) if compiled is not None}, cpu,
-                  rows)
+                  portable)

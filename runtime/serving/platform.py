@@ -66,6 +66,7 @@ CPU_FORMATS = {
 # Classes whose matrix instructions multiply bfloat16 (with float32 accumulation): elsewhere bfloat16 is emulated.
 BF16_MATMUL_CLASSES = tuple(name for name, (dtype, _) in CPU_FORMATS.items() if dtype == "bfloat16")
 CPUINFO = Path("/proc/cpuinfo")
+HEAD_COUNTS = tuple(m for m in bitclasses.ROWS if m <= 256)  # rows of a head's tile the probe compares
 MAX_ISA = re.compile(r"--xla_cpu_max_isa=(\w+)")  # in XLA_FLAGS: the instruction set XLA:CPU compiles up to
 
 
@@ -280,21 +281,26 @@ def resolve(settings: Settings, backend: str | None = None, data: int = 1, cpu: 
                     rounds_in_flight=2 if accelerator else 1, cpu=None if accelerator else cpu)
 
 
-def fit_to_matmuls(platform: Platform, shapes: dict[str, tuple[int, ...]], head_dim: int, rows: int | None,
+def fit_to_matmuls(platform: Platform, shapes: dict[str, tuple[int, ...]], head_dim: int, portable: bool,
                    record: Path | None) -> Platform:
-    """A CPU's batch-invariant kernels sized by its matmuls' bit classes: their smallest matmuls get as many rows as
-    the host's own keep one set of bits from (runtime.serving.bitclasses, measured once and kept in `record`) when
-    compiling for the host's own class; for another class (`scorefn warmup --cpu-class`) runtime.model.invariant's
-    MIN_ROWS, which every host measured so far keeps. `rows`: decided already (a stored set's)."""
+    """A CPU's batch-invariant kernels sized by its matmuls' bit classes (runtime.serving.bitclasses, measured once
+    and kept in `record`) when compiling for the host's own class: their smallest matmuls get as many rows as the
+    host's own keep one set of bits from, and the label head's tiles every count of rows that gives a row the bits
+    of a tile of TILE. Otherwise (`portable`: a set compiled for another CPU, `scorefn warmup --cpu-class`, or such
+    a set a start takes) runtime.model.invariant's MIN_ROWS and TILE, which every host measured so far keeps."""
     kernels = platform.kernels
     if platform.backend != "cpu" or not kernels.batch_invariant:
         return platform
-    if rows is None:
-        host = host_cpu().feature_class  # its matmul kernels are picked by its features at run time
-        native = platform.cpu is None or platform.cpu.feature_class == host
-        rows = invariant.MIN_ROWS if not native else bitclasses.floor(
-            invariant.matmul_shapes(shapes, platform.dtype, kernels.attention_dtype, head_dim), host, record)
-    return dataclasses.replace(platform, kernels=dataclasses.replace(kernels, min_rows=rows))
+    host = host_cpu().feature_class  # its matmul kernels are picked by its features at run time
+    if portable or (platform.cpu is not None and platform.cpu.feature_class != host):
+        rows, head = invariant.MIN_ROWS, (invariant.TILE, invariant.TILE)
+    else:
+        rows = bitclasses.floor(invariant.matmul_shapes(shapes, platform.dtype, kernels.attention_dtype, head_dim),
+                                host, record)
+        vocab, hidden = shapes["embed"]
+        head = bitclasses.span(((hidden, vocab, "float32"), (vocab, invariant.SUM_COLUMNS, "float32")), host,
+                               invariant.TILE, HEAD_COUNTS, record)
+    return dataclasses.replace(platform, kernels=dataclasses.replace(kernels, min_rows=rows, head_rows=head))
 
 
 def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool,

@@ -61,7 +61,7 @@ def scorer(settings: Settings, loaded: LoadedModel, *, lazy: bool = False) -> tu
 def serving_scorer(settings: Settings, loaded: Loaded) -> tuple[Scorer, Platform, int]:
     """The scorer a start serves with, holding the executables loaded beside the weights; and how many those were."""
     built, platform = compose(settings, loaded.cfg, loaded.model.arrays, store=loaded.store, cpu=loaded.stored.cpu,
-                              rows=loaded.stored.rows, adapters=loaded.adapters)
+                              portable=loaded.stored.portable, adapters=loaded.adapters)
     return built, platform, built.exe.adopt(loaded.stored.fingerprint, loaded.stored.executables)
 
 

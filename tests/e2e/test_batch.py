@@ -96,6 +96,21 @@ def test_two_shards_in_two_processes_merge_into_the_whole_run(input_path, whole,
     _as_whole(output, whole)
 
 
+def test_shards_computed_in_their_own_processes_in_the_cpus_own_format_have_the_whole_runs_bits(
+        input_path, tiny_llama_dir, tmp_path):
+    """Each in-process run starts its own engine in the format its CPU class decides (SCOREFN_DTYPE auto: a fixed
+    table, not a timing): two shards, each in its own process, merge into the bits of the whole file run in one (a
+    tiny model: the processes, not the model, are what is shown)."""
+    env = {**{k: v for k, v in SMALL_BUCKETS.items() if k != "SCOREFN_DTYPE"}, "SCOREFN_MODEL": str(tiny_llama_dir)}
+    status, logged = finished(batch(input_path, tmp_path / "whole.jsonl", env=env))
+    assert status == 0, logged[-5:]
+    output = tmp_path / "out.jsonl"
+    for i in range(2):
+        assert finished(batch(input_path, output, "--shard", f"{i}/2", env=env))[0] == 0
+    assert finished(batch("merge", input_path, output))[0] == 0
+    _as_whole(output, records(tmp_path / "whole.jsonl"))
+
+
 def _run_until(input_path: Path, output: Path, url: str, progress_lines: int, sig: signal.Signals) -> int:
     """Run --url with a progress line per answer; send `sig` after the `progress_lines`-th. Its exit status."""
     process = batch(input_path, output, "--url", url, "--concurrency", "2", "--progress", "log",

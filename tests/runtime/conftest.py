@@ -14,10 +14,13 @@ from runtime.serving.executables import Executables
 from runtime.serving.grid import GridLayout
 from runtime.model.config import load_config
 from runtime.model.transformer import Kernels, Transformer
-from runtime.serving.platform import resolve
+from runtime.serving.platform import fit_to_matmuls, resolve
 from runtime.serving.scorer import Scorer
 from runtime.settings import load_settings
-from runtime.model.weights import load_arrays
+from runtime.model.weights import array_shapes, load_arrays
+from tests.conftest import CACHE_DIR
+
+BITCLASSES = CACHE_DIR / "xla" / "executables" / "bitclasses.json"  # as a start records them (runtime.serving.compose)
 
 
 def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_lengths=(8,), suffix_batches=(4,),
@@ -28,14 +31,20 @@ def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_le
                       completion_batches=tuple(completion_batches))
 
 
+def platform_kernels(model_dir: Path, dtype: str, layout: str = "grid") -> Kernels:
+    """The kernels the CPU platform runs this model with in `dtype` (runtime.serving.platform): batch invariance on
+    the grid (it yields to packed rows), sized by this host's matmul bit classes."""
+    cfg = load_config(model_dir)
+    platform = resolve(load_settings(environ={}, dtype=dtype, bucket_layout=layout), backend="cpu")
+    return fit_to_matmuls(platform, array_shapes(cfg), cfg.head_dim, False, BITCLASSES).kernels
+
+
 def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None = None, lazy: bool = True,
                kernels: Kernels | None = None) -> Scorer:
-    """A scorer as the CPU platform runs it (runtime.serving.platform), or with the given kernels."""
+    """A scorer as the CPU platform runs it (platform_kernels), or with the given kernels."""
     cfg = load_config(model_dir)
     plan = plan or small_plan()
-    # As the platform decides: batch invariance (the CPU's default) runs the grid, and yields to packed rows.
-    kernels = kernels or resolve(load_settings(environ={}, dtype=dtype, bucket_layout=plan.layout.name),
-                                 backend="cpu").kernels
+    kernels = kernels or platform_kernels(model_dir, dtype, plan.layout.name)
     model = Transformer(cfg, load_arrays(model_dir, cfg), dtype, kernels, plan.max_length)
     return Scorer(plan, Executables(model, lazy=lazy))
 
@@ -112,15 +121,6 @@ def tiny_served(family: str, out_dir: Path, embedded_dir: Path, **overrides):
 
 def random_sequences(rng: np.random.Generator, count: int, low: int, high: int, vocab: int) -> list[list[int]]:
     return [rng.integers(0, vocab, size=int(rng.integers(low, high + 1))).tolist() for _ in range(count)]
-
-
-@pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory, embedded_dir):
-    """A tiny random Llama with SmolLM2's tokenizer: engines start on it as on the embedded model, for tests of the
-    engine's machinery (compiles, the store, batching) rather than of the model's numbers."""
-    directory = tmp_path_factory.mktemp("tiny-llama")
-    tiny_served("llama", directory, embedded_dir, tie_word_embeddings=True)
-    return directory
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
-"""Batch-invariant kernels (runtime.model.invariant): with Kernels(batch_invariant=True) an item's scores are the same
-bits alone and in any batch, at any row, in any length bucket, for every supported architecture and RoPE type, and
-they match transformers as the default kernels do (tests/runtime/model/test_parity_tiny.py)."""
+"""Batch-invariant kernels (runtime.model.invariant), as the CPU platform runs them (tests.runtime.conftest.scorer_for:
+sized by this host's matmul bit classes): an item's scores are the same bits alone and in any batch, at any row, in any
+length bucket, for every supported architecture and RoPE type, and they match transformers as the default kernels do
+(tests/runtime/model/test_parity_tiny.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from runtime.interface import Sampling
-from runtime.model.transformer import Kernels
+from runtime.model import invariant
 from tests.conftest import torch_label_logprobs
-from tests.runtime.conftest import (CASES, FreshRope, assert_whole_sequence_bits_after_a_prefix, random_sequences,
-                                    scorer_for, small_plan, tiny_checkpoint)
+from tests.runtime.conftest import (CASES, FreshRope, assert_whole_sequence_bits_after_a_prefix, platform_kernels,
+                                    random_sequences, scorer_for, small_plan, tiny_checkpoint)
 
 pytestmark = pytest.mark.slow
 PLAN = small_plan(lengths=(32, 64), batches=(1, 4), labels=(4,))  # 1 to 8 tiles of 32 tokens
@@ -22,7 +23,6 @@ PLAN = small_plan(lengths=(32, 64), batches=(1, 4), labels=(4,))  # 1 to 8 tiles
 FAMILY_CASES = ["gemma", "gemma2", "gemma3_local_global_rope", "granite_dynamic_rope", "llama3_rope_scaling",
                 "llama_biases", "mistral_sliding_window", "olmo2_yarn_rope", "phi3_longrope_partial_sliding", "qwen2",
                 "qwen3", "qwen3_moe_linear_rope", "smollm2_like"]
-INVARIANT = Kernels(batch_invariant=True, weight_bits=True)  # as the CPU platform runs them
 # Items after a shared prefix, in suffix rows of 32: the cascade's programs.
 PREFIX_PLAN = small_plan(lengths=(32, 64), batches=(1, 4), prefix_sharing=True, suffix_lengths=(32,),
                          suffix_batches=(1, 4), labels=(4,), contexts=(32, 64))
@@ -42,7 +42,7 @@ def scorers(request, tmp_path_factory):
     family, overrides = CASES[request.param]
     model_dir = tmp_path_factory.mktemp(request.param)
     torch_model = tiny_checkpoint(family, model_dir, **overrides)
-    return FreshRope(torch_model), scorer_for(model_dir, "float32", PLAN, kernels=INVARIANT)
+    return FreshRope(torch_model), scorer_for(model_dir, "float32", PLAN)
 
 
 batches = st.fixed_dictionaries({
@@ -80,7 +80,7 @@ def test_invariant_scores_match_transformers(scorers):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_embedded_model_is_invariant(embedded_dir, dtype):
     """The 30-layer model in both number formats: the default kernels differ by row and bucket, these do not."""
-    scorer = scorer_for(embedded_dir, dtype, PLAN, kernels=INVARIANT)
+    scorer = scorer_for(embedded_dir, dtype, PLAN)
     rng = np.random.default_rng(0)
     item = [504, 3575, 282, 4649, 314]
     labels = [7042, 4528, 11]
@@ -96,7 +96,7 @@ def test_thousands_of_tokens_keep_the_bits(embedded_dir, dtype):
     """4,096 tokens in one device batch: over so many XLA:CPU reduced a row of the 576-wide RMSNorm in another order
     than over fewer (Intel Xeon, 2026-11-26); the norms run in fixed tiles of tokens."""
     plan = small_plan(lengths=(128,), batches=(1, 32), labels=(4,), max_tokens=4096)
-    scorer = scorer_for(embedded_dir, dtype, plan, kernels=INVARIANT)
+    scorer = scorer_for(embedded_dir, dtype, plan)
     rng = np.random.default_rng(3)
     item, labels = rng.integers(0, 49152, 100).tolist(), [7042, 4528, 11]
     others = random_sequences(rng, 31, 120, 128, 49152)
@@ -109,8 +109,8 @@ def cascade(request, tmp_path_factory):
     family, overrides = CASES[request.param]
     model_dir = tmp_path_factory.mktemp(request.param)
     tiny_checkpoint(family, model_dir, **overrides)
-    return scorer_for(model_dir, "float32", LONG_PLAN, kernels=INVARIANT), \
-        scorer_for(model_dir, "float32", LONG_PREFIX_PLAN, kernels=INVARIANT)
+    return scorer_for(model_dir, "float32", LONG_PLAN), \
+        scorer_for(model_dir, "float32", LONG_PREFIX_PLAN)
 
 
 prefixed = st.fixed_dictionaries({
@@ -133,8 +133,8 @@ def test_items_after_a_shared_prefix_score_the_bits_of_their_whole_sequence(casc
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_embedded_model_scores_the_same_bits_after_a_shared_prefix(embedded_dir, dtype):
-    full = scorer_for(embedded_dir, dtype, PLAN, kernels=INVARIANT)
-    shared = scorer_for(embedded_dir, dtype, PREFIX_PLAN, kernels=INVARIANT)
+    full = scorer_for(embedded_dir, dtype, PLAN)
+    shared = scorer_for(embedded_dir, dtype, PREFIX_PLAN)
     rng = np.random.default_rng(3)
     prefix = rng.integers(0, 49152, 37).tolist()
     sequences = [prefix + item for item in random_sequences(rng, 5, 1, 27, 49152)]
@@ -149,7 +149,7 @@ def assert_same_token_logprobs(ours, theirs, note=""):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_every_position_has_the_same_bits_in_any_batch(embedded_dir, dtype):
     """/v1/completions' per-position log-probabilities and top alternatives, greedy and drawn at a temperature."""
-    scorer = scorer_for(embedded_dir, dtype, dataclasses.replace(PLAN, completion_batches=(1, 4)), kernels=INVARIANT)
+    scorer = scorer_for(embedded_dir, dtype, dataclasses.replace(PLAN, completion_batches=(1, 4)))
     rng = np.random.default_rng(5)
     prompt = rng.integers(0, 49152, 19).tolist()
     others = random_sequences(rng, 5, 1, 64, 49152)
@@ -159,3 +159,29 @@ def test_every_position_has_the_same_bits_in_any_batch(embedded_dir, dtype):
             batch = others[:row] + [prompt] + others[row:]
             together = scorer.token_logprobs(batch, [Sampling()] * row + [sampling] + [Sampling()] * (5 - row))
             assert_same_token_logprobs(together[row], alone, (dtype, sampling, row))
+
+
+@pytest.mark.parametrize("case", ["embedded-float32", "embedded-bfloat16", "qwen3_moe_linear_rope", "gemma2"])
+def test_kernels_sized_from_more_rows_than_the_floor_give_the_same_bits(case, embedded_dir, tmp_path):
+    """What runtime.serving.bitclasses measured: a matmul's rows keep their bits from the floor up (and the label
+    head's within the span measured), so kernels sized by this host's measurements and the portable ones (MIN_ROWS
+    and tiles of TILE: the sets compiled for another CPU class) give every item the same bits, alone, in batches and
+    after a shared prefix."""
+    if case.startswith("embedded"):
+        model_dir, dtype, vocab = embedded_dir, case.split("-")[1], 49152
+    else:
+        family, overrides = CASES[case]
+        tiny_checkpoint(family, tmp_path, **overrides)
+        model_dir, dtype, vocab = tmp_path, "float32", VOCAB
+    kernels = platform_kernels(model_dir, dtype)
+    assert kernels.min_rows <= invariant.MIN_ROWS and kernels.head_rows[0] <= invariant.TILE <= kernels.head_rows[1]
+    portable = dataclasses.replace(kernels, min_rows=invariant.MIN_ROWS, head_rows=(invariant.TILE, invariant.TILE))
+    scorers = [scorer_for(model_dir, dtype, LONG_PREFIX_PLAN, kernels=each) for each in (kernels, portable)]
+    rng = np.random.default_rng(7)
+    prefix = rng.integers(0, vocab, 70).tolist()
+    requests = [random_sequences(rng, 1, 3, 40, vocab), random_sequences(rng, 6, 1, 64, vocab),
+                [prefix + item for item in random_sequences(rng, 5, 1, 30, vocab)]]
+    labels = [0, 5, vocab - 1]
+    for sequences in requests:
+        floor, default = (scorer.score(sequences, labels) for scorer in scorers)
+        assert np.array_equal(floor, default), (case, kernels.min_rows, np.abs(floor - default).max())

@@ -11,8 +11,9 @@ from runtime.model.config import config_from_hf
 from runtime.serving.grid import GridLayout
 from runtime.serving.packed import PackedLayout
 from runtime.serving import platform as platforms
-from runtime.serving.platform import (CpuFormat, HostCpu, classes_below, compile_class, cpu_format, fit_to_model,
-                                      host_cpu, matmul_probe, resolve)
+from runtime.serving.platform import (BF16_MATMUL_CLASSES, CPU_CLASS_NAMES, CPU_FORMATS, CpuFormat, HostCpu,
+                                      classes_below, compile_class, cpu_format, fit_to_model, host_cpu, matmul_probe,
+                                      resolve)
 from runtime.settings import load_settings
 from tests.runtime.conftest import EPYC, GRAVITON, SAPPHIRE_RAPIDS
 
@@ -38,21 +39,16 @@ def test_an_unreadable_cpuinfo_is_an_unknown_cpu(monkeypatch, tmp_path):
     assert host_cpu() == HostCpu("unknown CPU", frozenset())
 
 
-def no_probe():
-    raise AssertionError("the features decide: no probe")
-
-
-def test_the_cpu_format_follows_the_matrix_instructions_and_the_probe():
-    assert cpu_format("amx", no_probe) == CpuFormat("amx", "bfloat16", "AMX multiplies bfloat16 tiles with float32 "
-                                                                        "accumulation")
+def test_the_cpu_format_is_the_classes_in_a_fixed_table():
+    """Decided by the class alone (a timing at start flipped the format between starts on a Zen 4 host), with the
+    measurement behind each entry; SCOREFN_DTYPE wins; a table is injectable."""
+    assert cpu_format("amx") == CpuFormat("amx", "bfloat16", CPU_FORMATS["amx"][1])
+    assert cpu_format("avx512_bf16").dtype == "bfloat16" and "Zen 4, 2026-11-26" in cpu_format("avx512_bf16").reason
     for feature_class in ("avx512", "avx2", "baseline"):
-        assert cpu_format(feature_class, no_probe).dtype == "float32"
-    # AVX512-BF16 without AMX: the probe decides, with a margin so that noise does not flip it between starts
-    faster = cpu_format("avx512_bf16", lambda: {"float32": 300.0, "bfloat16": 900.0})
-    assert faster.dtype == "bfloat16" and "300 GFLOP/s float32, 900 bfloat16 (3.00x" in faster.reason
-    assert cpu_format("avx512_bf16", lambda: {"float32": 300.0, "bfloat16": 400.0}).dtype == "float32"
-    # SCOREFN_DTYPE decides without probing
-    assert cpu_format("avx512_bf16", no_probe, dtype="float32") == CpuFormat("avx512_bf16", "float32", "SCOREFN_DTYPE")
+        assert cpu_format(feature_class).dtype == "float32"
+    assert set(CPU_FORMATS) == set(CPU_CLASS_NAMES) and BF16_MATMUL_CLASSES == ("amx", "avx512_bf16")
+    assert cpu_format("avx512_bf16", dtype="float32") == CpuFormat("avx512_bf16", "float32", "SCOREFN_DTYPE")
+    assert cpu_format("avx2", formats={"avx2": ("bfloat16", "injected")}) == CpuFormat("avx2", "bfloat16", "injected")
 
 
 def test_the_matmul_probe_measures_both_formats():
@@ -75,7 +71,8 @@ def test_the_cpu_dtype_is_the_formats_unless_set():
     amx = CpuFormat("amx", "bfloat16", "AMX")
     platform = resolve(load_settings(environ={}), backend="cpu", cpu=amx)
     assert platform.dtype == "bfloat16" and not platform.kernels.unroll and platform.cpu == amx
-    assert platform.describe().startswith("cpu: bfloat16 (CPU class amx: AMX), batch-invariant on")
+    assert platform.describe().startswith("cpu: bfloat16 (CPU class amx: AMX), batch-invariant on (matmuls of at "
+                                          "least 64 rows)")
     pinned = resolve(load_settings(environ={"SCOREFN_DTYPE": "float32"}), backend="cpu", cpu=amx)
     assert pinned.dtype == "float32" and pinned.cpu == CpuFormat("amx", "float32", "SCOREFN_DTYPE")
     assert resolve(load_settings(environ={}), backend="gpu", cpu=amx).cpu is None
@@ -101,9 +98,15 @@ def test_batch_invariance_is_on_by_default_on_a_cpu_only():
     assert not invariant("cpu", SCOREFN_ATTENTION="cudnn")  # auto yields to an explicit choice it cannot run
 
 
-def test_cpu_bfloat16_keeps_float32_attention():
+def test_attention_computes_in_the_format_but_xla_on_a_gpu():
+    """bfloat16 Q/K/V with the bfloat16 format on a CPU (within the exactness rule: tests/runtime/model/
+    test_parity_embedded.py); float32 with XLA on a GPU, the exact choice beside cuDNN."""
     kernels = resolve(load_settings(environ={"SCOREFN_DTYPE": "bfloat16"}), backend="cpu").kernels
-    assert not kernels.unroll and kernels.attention_dtype == "float32"
+    assert not kernels.unroll and kernels.attention_dtype == "bfloat16"
+    assert resolve(load_settings(environ={"SCOREFN_DTYPE": "float32"}), backend="cpu").kernels.attention_dtype == \
+        "float32"
+    gpu = resolve(load_settings(environ={"SCOREFN_ATTENTION": "xla"}), backend="gpu").kernels
+    assert gpu.attention_dtype == "float32"
 
 
 @pytest.mark.parametrize("backend,attention", [("gpu", "cudnn"), ("tpu", "xla")])

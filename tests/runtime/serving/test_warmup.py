@@ -198,3 +198,34 @@ def first_scores(model_dir, cache_dir, xla_dir, sequences):
         return engine.score(sequences, [1, 2])
     finally:
         engine.stop(5)
+
+
+ZEN4 = ("processor\t: 0\nmodel name\t: AMD EPYC 9B14 96-Core Processor\n"
+        "flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 avx512_vnni\n")
+
+
+def test_every_start_on_a_class_computes_in_the_same_format_and_bits(model_dir, cache_dir, tmp_path, monkeypatch):
+    """The format is the class's (a fixed table), never a timing taken at start: with the matmul probe's figures
+    drawn at random (as a noisy host times them: bfloat16 1.0-3.5x float32), twenty starts on an AVX512-BF16 host
+    (injected) choose bfloat16 every time, none compiles what the store holds, and the same request gets the same
+    bits from each."""
+    monkeypatch.setattr(platforms, "CPUINFO", tmp_path / "cpuinfo")
+    (tmp_path / "cpuinfo").write_text(ZEN4)
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(platforms, "matmul_probe",
+                        lambda *a, **k: {"float32": 180.0, "bfloat16": 180.0 * rng.uniform(1.0, 3.5)})
+    settings = small_settings(model_dir, cache_dir, tmp_path / "xla", dtype="auto", batch_buckets=(2,),
+                              prefix_sharing=False)
+    request = random_sequences(np.random.default_rng(1), 3, 2, 30, 49152)
+    first = None
+    for start in range(20):
+        engine = Engine(settings)
+        engine.start()
+        try:
+            assert engine.platform.dtype == "bfloat16" and engine.platform.cpu.feature_class == "avx512_bf16"
+            assert engine.timings["stored"] == (0 if start == 0 else engine.plan.count())
+            scores = engine.score(request, [1, 2, 3])
+        finally:
+            engine.stop(5)
+        first = scores if first is None else first
+        assert np.array_equal(scores, first), start
