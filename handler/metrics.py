@@ -37,6 +37,8 @@ _ENGINE_COUNTERS.update({
                         "(SCOREFN_REQUEST_TIMEOUT_S).",
     "refused_overload": "Requests refused (429) because the instance was overloaded and its backlog over its limit.",
     "refused_queue": "Requests refused (429) because SCOREFN_MAX_QUEUE requests were waiting.",
+    "refused_late": "Small requests admitted and then refused (429) because the device ran slower than predicted and "
+                    "they could no longer start within SCOREFN_MAX_WAIT_S.",
 })
 _ENGINE_GAUGES = {
     "queue_depth": "Requests waiting for the device, whole or in part.",

@@ -120,7 +120,9 @@ def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, 
 
     def finished(future, record) -> None:
         record["latency"] = now[0] - record["sent"]
-        record["status"] = 503 if future.exception() is not None else 200
+        error = future.exception()
+        # Admitted, then refused (Retry-After) when it could no longer start in time; anything else failed.
+        record["status"] = 200 if error is None else 429 if isinstance(error, QueueFull) else 503
         if record["kind"].startswith("bulk") and now[0] < seconds:
             at(now[0], "arrive", (record["kind"], None, None))  # the bulk client's next request
 

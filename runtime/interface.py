@@ -69,7 +69,7 @@ class EngineError(Exception):
 class QueueFull(EngineError):
     """The engine takes no more work for now (-> 429 with Retry-After): the request cannot be answered in time, the
     instance is overloaded, or SCOREFN_MAX_QUEUE requests are waiting (runtime.serving.scheduler). `retry_after_s`:
-    whole seconds until the work ahead is predicted to have drained enough (at least 1); `reason`: wait, deadline,
+    whole seconds until the work ahead is predicted to have drained enough (at least 1); `reason`: wait, deadline, late,
     overload or queue; `predicted`: what admission predicted for it."""
 
     def __init__(self, message: str = "the queue is full", retry_after_s: float = 1, reason: str = "queue",

@@ -230,3 +230,48 @@ def test_the_engine_answers_small_requests_between_the_slices_of_a_large_one() -
     assert done[-1] == "bulk" and sorted(done[:3]) == ["small-0", "small-1", "small-2"]
     bulk_rounds = [r for r in scorer.rounds if any(first >= 1000 for first, _ in r)]
     assert len(bulk_rounds) >= 3 and [first for first, _ in scorer.rounds[1][:3]] == [0, 1, 2]
+
+
+def test_a_small_request_that_can_no_longer_start_in_time_is_refused_at_once() -> None:
+    """Rounds slower than predicted: the small requests queued that the next round could only start after their
+    SCOREFN_MAX_WAIT_S are refused (429, Retry-After) when a round is taken, not answered late."""
+    s, clock = scheduler()
+    futures = [s.admit(job(1, 128), None, f"r{i}") for i in range(16)]  # 2 s of work, admitted on the promise
+    started = {}
+    while s.stats()["queue_depth"]:
+        round = s.next_round()
+        started |= {piece.entry.request_id: clock.now - 1000.0 for piece in round.slices}
+        clock.now += 2 * round.predicted_s  # the device runs at half the predicted speed
+        s.finish(round)
+    late = [f for f in futures if f.done() and isinstance(f.exception(), QueueFull)]
+    assert late and all(f.exception().reason == "late" and f.exception().retry_after_s >= 1 for f in late)
+    assert "could not start within 2 s (SCOREFN_MAX_WAIT_S)" in str(late[0].exception())
+    assert s.stats()["refused_late"] == len(late) == 16 - len(started)
+    # Every request computed started within SCOREFN_MAX_WAIT_S, but for the overrun of the round before it (the
+    # round a refusal is decided beside overran its prediction too): within one round budget more.
+    assert max(started.values()) <= 2.0 + s.round_s
+
+
+def test_the_promise_counts_the_work_ahead_at_what_rounds_really_cost() -> None:
+    """Rounds whose planned cost is twice their slices' price (small rows that do not fill their device batches):
+    the wait promised to a small request counts the queued work at that cost, so fewer are admitted."""
+    clock = Clock()
+    priced = Scheduler(ServiceModel(0.0, SECONDS_PER_TOKEN), full_cost, 256, 2.0, 0.3, clock=clock)
+    packed = Scheduler(ServiceModel(0.0, SECONDS_PER_TOKEN), full_cost, 256, 2.0, 0.3, clock=clock,
+                       round_cost=lambda jobs: sum((full_cost(j) for j in jobs), Work()) * 2)
+    for s in (priced, packed):
+        for _ in range(30):  # rounds that teach `packing`
+            s.admit(job(1, 128), None, None)
+            round = s.next_round()
+            clock.now += round.predicted_s
+            s.finish(round)
+
+    def admitted(s: Scheduler) -> int:
+        count = 0
+        while True:
+            try:
+                s.admit(job(1, 128), None, None)
+            except QueueFull:
+                return count
+            count += 1
+    assert admitted(priced) == 16 and 7 <= admitted(packed) <= 9  # 2 s at the price, ~2 s at twice it
