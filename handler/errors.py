@@ -35,6 +35,16 @@ ERRORS: dict[str, ErrorSpec] = {
     "token_id_exceeds_vocab": ErrorSpec(422, "invalid_value_error"),
     "invalid_label_token_ids_type": ErrorSpec(400, "invalid_request_error"),
     "invalid_token_id_type": ErrorSpec(400, "invalid_request_error"),
+    # /v1/score's labels of several tokens (label_token_ids' lists, or `labels` as text)
+    "conflicting_labels": ErrorSpec(400, "invalid_request_error"),
+    "invalid_labels_type": ErrorSpec(400, "invalid_request_error"),
+    "empty_labels": ErrorSpec(400, "invalid_value_error"),
+    "labels_need_text": ErrorSpec(400, "invalid_request_error"),
+    "empty_label": ErrorSpec(400, "invalid_value_error"),
+    "label_too_long": ErrorSpec(400, "invalid_value_error"),
+    "invalid_label_normalization": ErrorSpec(400, "invalid_value_error"),
+    "invalid_label_normalization_type": ErrorSpec(400, "invalid_request_error"),
+    "invalid_return_token_logprobs_type": ErrorSpec(400, "invalid_request_error"),
     # RFC-006: apply_softmax, item_first
     "invalid_apply_softmax_type": ErrorSpec(400, "invalid_request_error"),
     "invalid_item_first_type": ErrorSpec(400, "invalid_request_error"),

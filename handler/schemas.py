@@ -43,8 +43,23 @@ class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
                {"type": "array", "items": TOKEN_IDS, "minItems": 1}],
     )] = msgspec.UNSET
     label_token_ids: Annotated[msgspec.Raw, _doc(
-        "Single token IDs whose next-token scores are returned, in this order (duplicates allowed).",
-        type="array", items=TOKEN_ID, minItems=1,
+        "The labels scored after each item, in this order (duplicates allowed): a token ID (the next token's "
+        "score), or a list of token IDs (a label of several tokens: the sum of their log-probabilities, each after "
+        "the item and the label's tokens before it). Give this or `labels`.",
+        type="array", items={"anyOf": [TOKEN_ID, {**TOKEN_IDS, "minItems": 1}]}, minItems=1,
+    )] = msgspec.UNSET
+    labels: Annotated[msgspec.Raw, _doc(
+        "The labels as text (text mode only), each tokenized as a continuation (no special tokens added): scored as "
+        "label_token_ids' lists. Give this or `label_token_ids`.",
+        type="array", items={"type": "string", "minLength": 1}, minItems=1,
+    )] = msgspec.UNSET
+    label_normalization: Annotated[msgspec.Raw, _doc(
+        "sum: a label's log-probability (its tokens' summed); mean: per token (the sum over its token count), to "
+        "compare labels of different lengths.", enum=["sum", "mean", None], default="sum",
+    )] = msgspec.UNSET
+    return_token_logprobs: Annotated[msgspec.Raw, _doc(
+        "Also return each label's tokens' log-probabilities (`token_logprobs`: [item][label][token]).",
+        type=["boolean", "null"], default=False,
     )] = msgspec.UNSET
     apply_softmax: Annotated[msgspec.Raw, _doc(
         "false: log P(label | sequence) over the full vocabulary; true: softmax over the labels, per item.",
@@ -71,6 +86,7 @@ class ScoreResponse(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     scores: list[list[float]]  # [item][label], labels in request order
     usage: Usage
+    token_logprobs: list[list[list[float]]] | msgspec.UnsetType = msgspec.UNSET  # [item][label][token], when asked
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -293,12 +309,14 @@ COMPLETION_REQUEST_DECODER = msgspec.json.Decoder(CompletionRequest)
 
 # Fields the request structs treat as optional only so that validation can say which one is missing.
 REQUIRED_FIELDS: dict[type, tuple[str, ...]] = {
-    ScoreRequest: ("query", "items", "label_token_ids"),
+    ScoreRequest: ("query", "items"),
     TokenizeRequest: ("text",),
     ClassifyRequest: ("input",),
     RerankRequest: ("query", "documents"),
     CompletionRequest: ("prompt", "max_tokens"),
 }
+# Fields of which a request gives exactly one.
+ONE_OF_FIELDS: dict[type, tuple[str, ...]] = {ScoreRequest: ("label_token_ids", "labels")}
 
 
 def openapi_schema(struct_type: type) -> dict[str, Any]:
@@ -307,6 +325,9 @@ def openapi_schema(struct_type: type) -> dict[str, Any]:
     for name, required in ((t.__name__, fields) for t, fields in REQUIRED_FIELDS.items()):
         if name in components:
             components[name]["required"] = list(required)
+    for name, fields in ((t.__name__, fields) for t, fields in ONE_OF_FIELDS.items()):
+        if name in components:
+            components[name]["oneOf"] = [{"required": [field]} for field in fields]
 
     def inline(node: Any) -> Any:
         if isinstance(node, dict):

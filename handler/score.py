@@ -1,9 +1,15 @@
 """POST /v1/score (RFC-000, RFC-006): validation in RFC-006's order, and the response.
 
 Order: query (missing, type, empty, token range), items (missing, type, empty, mixed modes, token range),
-label_token_ids (missing, type, empty, non-integer, negative, beyond vocab), apply_softmax, item_first, model;
-then too_many_items, too_many_labels, and after tokenization empty_sequence, context_length_exceeded,
-too_many_tokens. A JSON null counts as the field being absent.
+label_token_ids (missing, type, empty, non-integer, a label of no token or too many, negative, beyond vocab) or
+labels (both: conflicting; type, empty, text mode only), apply_softmax, item_first, label_normalization,
+return_token_logprobs, model; then too_many_items, too_many_labels, labels' tokenization (empty, too long), and after
+the items' tokenization empty_sequence, context_length_exceeded, too_many_tokens. A JSON null counts as the field
+being absent.
+
+A label is a token ID (today's one-token labels: their next-token log-probability) or several tokens (a list of IDs,
+or `labels` as text): its log-probability is the sum of its tokens', each after the item and the label's tokens
+before it (the engine scores the item once and each label's tokens as rows after it).
 """
 
 from __future__ import annotations
@@ -30,11 +36,13 @@ from runtime.settings import Settings
 class ScoreJob:
     """A validated /v1/score request, ready for the engine."""
     sequences: list[list[int]]  # one full sequence per item, every one non-empty and within the length limit
-    label_ids: list[int]
+    label_ids: list[int] | list[int | list[int]]  # a token ID, or a label's token IDs
     apply_softmax: bool
     model: str
     n_tokens: int  # sum of the sequence lengths (usage.prompt_tokens)
     adapter: str | None = None  # the LoRA adapter `model` names (None: the base model)
+    normalization: str = "sum"  # sum | mean
+    token_logprobs: bool = False  # return each label's tokens' log-probabilities
 
 
 def validate_score_request(request: schemas.ScoreRequest, engine: ScoringEngine, settings: Settings) -> ScoreJob:
@@ -42,28 +50,46 @@ def validate_score_request(request: schemas.ScoreRequest, engine: ScoringEngine,
     vocab_size = engine.vocab_size
     query = _query(request.query, vocab_size)
     items = _items(request.items, isinstance(query, str), vocab_size)
-    label_ids = _labels(request.label_token_ids, vocab_size)
+    label_ids, texts = _labels(request.label_token_ids, request.labels, isinstance(query, str), vocab_size,
+                               settings.max_label_tokens)
     apply_softmax = optional(request.apply_softmax, bool, "apply_softmax", False)
     item_first = optional(request.item_first, bool, "item_first", False)
+    normalization = optional(request.label_normalization, str, "label_normalization", "sum")
+    if normalization not in NORMALIZATIONS:
+        raise ApiError("invalid_label_normalization", f"label_normalization must be one of {list(NORMALIZATIONS)}, "
+                       f"got {normalization!r}", "label_normalization")
+    token_logprobs = optional(request.return_token_logprobs, bool, "return_token_logprobs", False)
     model, adapter = served_model(request.model, engine)
 
     check_count(len(items), settings.max_items, "items")
-    check_count(len(label_ids), settings.max_labels, "label_token_ids", "too_many_labels")
+    check_count(len(label_ids if texts is None else texts), settings.max_labels,
+                "label_token_ids" if texts is None else "labels", "too_many_labels")
+    if texts is not None:
+        label_ids = [_text_label(text, index, engine, settings.max_label_tokens) for index, text in enumerate(texts)]
     sequences = _sequences(query, items, item_first, engine)
     n_tokens = check_total_tokens(sequences, settings.max_total_tokens, "sequences", "items")
-    return ScoreJob(sequences, label_ids, apply_softmax, model, n_tokens, adapter)
+    return ScoreJob(sequences, label_ids, apply_softmax, model, n_tokens, adapter, normalization, token_logprobs)
+
+
+NORMALIZATIONS = ("sum", "mean")
 
 
 def score_response(job: ScoreJob, result: ScoreResult, engine: ScoringEngine) -> schemas.ScoreResponse:
-    logprobs = np.asarray(result.logprobs)  # [items, labels]
+    logprobs = np.asarray(result.logprobs, np.float64)  # [items, labels]
     expected = (len(job.sequences), len(job.label_ids))
     if logprobs.shape != expected:
         raise ValueError(f"engine returned logprobs of shape {logprobs.shape}, expected {expected}")
+    if job.normalization == "mean":  # per token: a label's log-probability over its token count
+        logprobs = logprobs / np.array([1 if isinstance(label, int) else len(label) for label in job.label_ids])
     # softmax over the requested labels only, per item, in float64 on the host (RFC-000, ADR-001)
     scores = softmax(logprobs, axis=1) if job.apply_softmax else logprobs
+    tokens = msgspec.UNSET
+    if job.token_logprobs:  # one-token labels: their one log-probability
+        per_token = result.token_logprobs or [[np.asarray([value]) for value in row] for row in result.logprobs]
+        tokens = [[np.asarray(label, np.float64).tolist() for label in row] for row in per_token]
     return schemas.ScoreResponse(
         id=f"score-{uuid.uuid4().hex}", created=int(time.time()), model=job.model, scores=scores.tolist(),
-        usage=schemas.Usage(prompt_tokens=job.n_tokens, total_tokens=job.n_tokens))
+        usage=schemas.Usage(prompt_tokens=job.n_tokens, total_tokens=job.n_tokens), token_logprobs=tokens)
 
 
 SCORE = Scoring(schemas.SCORE_REQUEST_DECODER, validate_score_request, submit_labels, score_response)
@@ -110,23 +136,61 @@ def _mode(is_text: bool) -> str:
     return "str" if is_text else "list[int]"
 
 
-def _labels(raw: msgspec.Raw, vocab_size: int) -> list[int]:
+def _labels(raw: msgspec.Raw, texts_raw: msgspec.Raw, query_is_text: bool, vocab_size: int,
+            max_tokens: int) -> tuple[list[int | list[int]], list[str] | None]:
+    """label_token_ids (token IDs, or lists of them), or `labels` (text, tokenized later: returned as texts)."""
+    if is_given(texts_raw):
+        if is_given(raw):
+            raise ApiError("conflicting_labels", "give label_token_ids or labels, not both", "labels")
+        texts = decode_field(texts_raw, list[str], "labels")
+        if texts is INVALID:
+            raise ApiError("invalid_labels_type", "labels must be a list of strings", "labels")
+        if not texts:
+            raise ApiError("empty_labels", "labels cannot be empty. At least one label is required.", "labels")
+        if not query_is_text:
+            raise ApiError("labels_need_text", "labels are text: the query and items must be text too (with token "
+                           "IDs, give each label's token IDs in label_token_ids)", "labels")
+        return [], texts
     if not is_given(raw):
         raise ApiError("missing_label_token_ids", "label_token_ids is required", "label_token_ids")
-    labels = decode_field(raw, list[int], "label_token_ids")
+    labels = decode_field(raw, list[int | list[int]], "label_token_ids")
     if labels is INVALID:
         if decode_field(raw, list[msgspec.Raw], "label_token_ids") is INVALID:
             raise ApiError("invalid_label_token_ids_type", "label_token_ids must be a list of integers",
-                           "label_token_ids")
+                           "label_token_ids")  # RFC-006's messages (a label may also be a list of integers)
         raise ApiError("invalid_token_id_type", "label_token_ids must contain only integers", "label_token_ids")
     if not labels:
         raise ApiError("empty_label_token_ids",
                        "label_token_ids cannot be empty. At least one label token ID is required.", "label_token_ids")
-    if not fits_int64(labels):
+    flat = [token for label in labels for token in ([label] if isinstance(label, int) else label)]
+    if not fits_int64(flat):
         raise ApiError("invalid_token_id_type",
                        "label_token_ids must contain only integers (within the signed 64-bit range)", "label_token_ids")
-    check_token_range(labels, "label_token_ids", vocab_size)
-    return labels
+    for index, label in enumerate(labels):
+        if isinstance(label, list):
+            _check_label_length(len(label), f"label_token_ids[{index}]", max_tokens, "label_token_ids")
+    check_token_range(flat, "label_token_ids", vocab_size)
+    return [_one_token_as_id(label) for label in labels], None
+
+
+def _one_token_as_id(label: int | list[int]) -> int | list[int]:
+    """A label of one token as its ID: the one-token path (every label of a request an ID: today's), same bits."""
+    return label[0] if isinstance(label, list) and len(label) == 1 else label
+
+
+def _check_label_length(tokens: int, what: str, max_tokens: int, param: str) -> None:
+    if tokens == 0:
+        raise ApiError("empty_label", f"{what} has no token: a label needs at least one", param)
+    if tokens > max_tokens:
+        raise ApiError("label_too_long", f"{what} has {tokens} tokens, more than the limit of {max_tokens} "
+                       f"(SCOREFN_MAX_LABEL_TOKENS)", param)
+
+
+def _text_label(text: str, index: int, engine: ScoringEngine, max_tokens: int) -> int | list[int]:
+    """A label given as text, tokenized as a continuation: without the special tokens a sequence starts with."""
+    tokens = engine.tokenize(text, add_special_tokens=False)
+    _check_label_length(len(tokens), f"labels[{index}] ({text!r})", max_tokens, "labels")
+    return _one_token_as_id(tokens)
 
 
 def _sequences(query: str | list[int], items: list[str] | list[list[int]], item_first: bool,

@@ -31,6 +31,9 @@ class ScoreResult:
     queue_seconds: float  # submitted -> picked up by the device thread
     device_seconds: float  # time of the device batch(es) that computed it
     predicted: Prediction | None = None
+    # Labels given as token lists: each one's tokens' log-probabilities [n_sequences][n_labels] (float32 arrays),
+    # whose sum (in float64) is its logprobs entry. None for labels of one token ID each.
+    token_logprobs: list[list[np.ndarray]] | None = None
 
 
 MAX_TOP_LOGPROBS = 20  # the most alternatives per position one can ask for (OpenAI's limit); always computed
@@ -97,6 +100,7 @@ class ScoringEngine(Protocol):
     model_id: str
     vocab_size: int  # logit dimension: valid token IDs are 0 .. vocab_size - 1
     max_sequence_length: int  # largest length bucket
+    max_label_tokens: int  # the most tokens of one label
     task: str  # "causal_lm" (/v1/score and verbalizer classifiers) or "sequence_classification" (/v1/classify only)
     classifiers: tuple[Classifier, ...]  # what /v1/classify serves, the first one by default (known once ready)
     rerankers: tuple[Reranker, ...]  # what /v1/rerank serves, the first one by default (known once ready)
@@ -115,10 +119,13 @@ class ScoringEngine(Protocol):
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def submit(self, sequences: list[list[int]], label_ids: list[int], deadline: float | None = None,
+    def submit(self, sequences: list[list[int]], label_ids: list[int] | list[list[int]], deadline: float | None = None,
                request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future[ScoreResult]:
         """Queue sequences for scoring; raises QueueFull at once when the engine refuses more work (the request's
-        predicted wait for the device is over SCOREFN_MAX_WAIT_S, or the queue is full).
+        predicted wait for the device is over SCOREFN_MAX_WAIT_S, or the queue is full). A label is a token ID, or
+        a list of token IDs (a label of several tokens, at most max_label_tokens: its log-probability is the sum of
+        its tokens', each after the sequence and the label's tokens before it; ScoreResult.token_logprobs has
+        them).
 
         `deadline` is a time.monotonic() value after which the work is dropped (DeadlineExceeded).
         `request_id` names the request in the engine's logs (e.g. when its device batch fails).

@@ -90,9 +90,11 @@ SETTINGS: tuple[Setting, ...] = (
             "features: bfloat16 with AMX, bfloat16 with AVX512-BF16 where a matmul probe finds it at least 1.5x "
             "faster, float32 elsewhere (GET /v1/models says which). float32 when scores must match transformers "
             "float32 to 1e-6."),
-    Setting("attention", "auto", _choice("auto", "xla", "cudnn"),
-            "Attention kernel of jax.nn.dot_product_attention. auto: cudnn (flash attention) on GPU with bfloat16 "
-            "when a start-up probe runs it, else xla."),
+    Setting("attention", "auto", _choice("auto", "xla", "cudnn", "pallas"),
+            "Attention kernel: xla or cudnn (jax.nn.dot_product_attention's), or pallas (the batch-invariant "
+            "kernels' on a GPU: one Pallas kernel over fixed key blocks). auto: pallas on a GPU with "
+            "SCOREFN_BATCH_INVARIANT; cudnn (flash attention) on a GPU with bfloat16 when a start-up probe runs it; "
+            "else xla."),
     Setting("layer_loop", "auto", _choice("auto", "scan", "unroll"),
             "Run the layers as one scanned body or unrolled (compiles several times slower). auto: scan."),
     Setting("length_buckets", "32,64,128,256,512,1024,2048", _csv_ints,
@@ -120,13 +122,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("batch_invariant", "auto", _choice("auto", "true", "false"),
             "Scores whose bits depend only on the model, its dtype and the item's own tokens and labels: never on "
             "the other items or requests batched with it, its row, bucket, or a shared prefix (the grid layout; XLA "
-            "attention; XLA's deterministic mode on a GPU). auto: true on CPU, false on GPU and TPU."),
+            "attention on a CPU, a Pallas kernel on a GPU, its token stream in fixed chunks on an accelerator; XLA's "
+            "deterministic mode and no autotuning on a GPU). auto: true on CPU, false on GPU and TPU."),
     Setting("prefix_sharing", "true", _bool,
             "Compute a request's longest common token prefix once and score items against its keys/values."),
     Setting("batch_wait_ms", "2", float,
             "How long the device thread waits to coalesce concurrent requests into one device batch."),
     Setting("max_items", "1024", int, "Most items in one /v1/score request (400 too_many_items beyond)."),
-    Setting("max_labels", "1024", int, "Most label_token_ids in one request."),
+    Setting("max_labels", "1024", int, "Most labels (label_token_ids or labels) in one request."),
+    Setting("max_label_tokens", "8", int,
+            "Most tokens of one label (a label of several tokens is scored as the sum of its tokens' "
+            "log-probabilities; every forward pass reads this many last positions when a row holds such a label)."),
     Setting("max_total_tokens", "262144", int, "Most tokens summed over all sequences of one request."),
     Setting("max_body_bytes", "4194304", int, "Largest request body in bytes (413 request_too_large beyond)."),
     Setting("max_queue", "256", int,
@@ -182,7 +188,7 @@ class Settings:
     cache_dir: str
     compile_cache_dir: str
     dtype: str  # auto | float32 | bfloat16 (runtime.serving.platform resolves auto)
-    attention: str  # auto | xla | cudnn
+    attention: str  # auto | xla | cudnn | pallas
     layer_loop: str  # auto | scan | unroll
     length_buckets: tuple[int, ...]
     batch_buckets: tuple[int, ...] | None  # None: auto
@@ -197,6 +203,7 @@ class Settings:
     batch_wait_ms: float
     max_items: int
     max_labels: int
+    max_label_tokens: int
     max_total_tokens: int
     max_body_bytes: int
     max_queue: int

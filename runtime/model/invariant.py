@@ -67,11 +67,11 @@ KEY_BLOCK = 32  # keys of an attention block, at absolute positions (a multiple 
 POSITION_TILE = 64  # positions of a tile of per-position log-probabilities (each tile reads the vocabulary head)
 
 
-def flatten(x: jax.Array, tokens: int | None = None, min_tokens: int = 1) -> jax.Array:
+def flatten(x: jax.Array, tokens: int | None = None, min_tokens: int = 1, align: int = STREAM_ALIGN) -> jax.Array:
     """Rows x [B, T, ...] as one stream of tokens [1, M, ...]: the rows' B * T tokens, then zero tokens up to
-    M = `tokens` (default: at least `min_tokens`, a multiple of STREAM_ALIGN)."""
+    M = `tokens` (default: at least `min_tokens`, a multiple of `align`)."""
     B, T = x.shape[:2]
-    m = -(-max(B * T, min_tokens) // STREAM_ALIGN) * STREAM_ALIGN if tokens is None else tokens
+    m = -(-max(B * T, min_tokens) // align) * align if tokens is None else tokens
     return _padded(x.reshape(B * T, *x.shape[2:]), m - B * T)[None]
 
 

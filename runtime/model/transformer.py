@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from runtime.model import attention, invariant
+from runtime.model import attention, invariant, pallas_attention
 from runtime.model.config import ModelConfig
 from runtime.model.layers import dense, gated_mlp, project, rms_norm, rope_tables, rotate, routed_experts
 
@@ -54,6 +54,10 @@ class Kernels:
     # Batch-invariant kernels: the fewest rows of a matmul (the token stream's, an attention tile's), from which rows
     # have the same bits whatever their number (runtime.serving.bitclasses measures it on the host).
     min_rows: int = invariant.MIN_ROWS
+    # Accelerators: the stream's token-wise work (norms, projections, rotation, MLP) in a loop over fixed chunks of
+    # this many tokens, each one compiled shape (a GPU picks a GEMM per shape: a row's bits moved with the batch's
+    # rows); 0: the whole stream at once (a CPU: its matmuls' rows keep their bits from min_rows up).
+    stream_chunk: int = 0
     # and the rows of a tile of the label log-probabilities' head that give a row the bits it has in a tile of TILE
     head_rows: tuple[int, int] = (invariant.TILE, invariant.TILE)
 
@@ -82,6 +86,11 @@ def _frequencies(table: jax.Array, lengths: jax.Array | None) -> jax.Array:
     return jnp.take(table, jnp.clip(lengths, 1, table.shape[0]) - 1, axis=0)
 
 
+def _first(tree):
+    """The arrays of a batch-invariant stream's pytree ([1, M, ...] each; None as it is) without their leading 1."""
+    return jax.tree.map(lambda a: a[0], tree)
+
+
 def rope_length_limit(cfg: ModelConfig, max_length: int) -> int | None:
     """Sequences up to this length share a prefix; longer ones change their RoPE frequencies (dynamic, longrope),
     so they are scored in full. None: no length served up to `max_length` changes them."""
@@ -94,9 +103,11 @@ class Transformer(nnx.Module):
     """Weights are given as a dict of NumPy arrays in this module's layout (see runtime.model.weights)."""
 
     def __init__(self, cfg: ModelConfig, arrays: dict[str, np.ndarray], dtype: str = "float32",
-                 kernels: Kernels | None = None, max_length: int | None = None):
+                 kernels: Kernels | None = None, max_length: int | None = None, label_tokens: int = 1):
         """`max_length`: the longest sequence served; a sliding window at least that long never masks anything,
-        and RoPE types whose frequencies depend on the length get a table up to it."""
+        and RoPE types whose frequencies depend on the length get a table up to it. `label_tokens`: the most
+        tokens of a label (the tail the forward passes read: _tails)."""
+        self.label_tokens = label_tokens
         self.cfg = cfg
         self.dtype = jnp.dtype(dtype)
         self.kernels = kernels or Kernels()
@@ -168,13 +179,27 @@ class Transformer(nnx.Module):
         attention run on the stream (`rope` too), attention on the rows. `lora`: each token's mask of the stacked
         LoRA columns (_lora_mask), or None."""
         stream = rows is not None
-        q, k, v = self._project(h, p, stream, lora)
-        q, k = self._heads(q, k, p, rope, stream)
+        chunk = self.kernels.stream_chunk if stream else 0
+        if chunk:  # the stream in fixed chunks of tokens: every matmul and norm of one compiled shape, one kernel
+            def tokens_in(xs):
+                h_c, rope_c, lora_c = xs
+                q, k, v = self._project(h_c[None], p, False, None if lora_c is None else lora_c[None])
+                q, k = self._heads(q, k, p, jax.tree.map(lambda t: t[None], rope_c), False)
+                return q[0], k[0], v[0]
+            q, k, v = (a[None] for a in invariant.rowwise(tokens_in, (h[0], _first(rope), _first(lora)), chunk))
+        else:
+            q, k, v = self._project(h, p, stream, lora)
+            q, k = self._heads(q, k, p, rope, stream)
         if stream:
             q, k, v = (invariant.unflatten(a, rows) for a in (q, k, v))
         out = self._attend(q, k, v, p, ctx, stream)
         if stream:
             out = invariant.flatten(out, h.shape[1])
+        if chunk:
+            def tokens_out(xs):
+                h_c, out_c, lora_c = xs
+                return self._finish(h_c[None], out_c[None], p, False, None if lora_c is None else lora_c[None])[0]
+            return invariant.rowwise(tokens_out, (h[0], out[0], _first(lora)), chunk)[None], (k, v)
         return self._finish(h, out, p, stream, lora), (k, v)
 
     def _project(self, h, p, stream: bool, lora=None):
@@ -275,6 +300,8 @@ class Transformer(nnx.Module):
         how = dict(implementation=self.kernels.attention, scale=cfg.attention_scale, softcap=cfg.attention_softcap)
         if stream:
             context = None if ctx is None else ctx[:3]
+            if self.kernels.attention == "pallas":
+                return pallas_attention.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap, context)
             return invariant.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap, context,
                                     self.kernels.min_rows)
         if ctx is None:
@@ -302,7 +329,8 @@ class Transformer(nnx.Module):
         if self.cfg.embed_scale != 1.0:
             h = h * self.cfg.embed_scale
         if tiled:
-            h = invariant.flatten(h, min_tokens=self.kernels.min_rows)
+            h = invariant.flatten(h, min_tokens=max(self.kernels.min_rows, self.kernels.stream_chunk),
+                                  align=self.kernels.stream_chunk or invariant.STREAM_ALIGN)
         tokens_of_stream = h.shape[1] if tiled else None
         rope = self._rope(positions, self.inv_freq[...], lengths, self.rope_scaling, tokens_of_stream)
         lora = self._lora_mask(adapters, (B, T), tokens_of_stream)
@@ -359,13 +387,14 @@ class Transformer(nnx.Module):
 
     # ---- entry points (each jitted per shape bucket by runtime.serving.executables) --------------------------
 
-    def hidden(self, tokens: jax.Array, last_index: jax.Array, adapters: jax.Array) -> jax.Array:
-        """tokens [B, T] right-padded, last_index [B], each row's LoRA adapter [B] (0: the base model) ->
-        final-normed hidden state there [B, D] float32."""
+    def hidden(self, tokens: jax.Array, last_index: jax.Array, targets: jax.Array, adapters: jax.Array):
+        """tokens [B, T] right-padded, last_index [B], targets [B, P] (each row's label tokens on its last positions,
+        right-aligned; -1: none), each row's LoRA adapter [B] (0: the base model) -> (final-normed hidden state at
+        last_index [B, D] float32, the targets' log-probabilities [B, P] float32: _tails)."""
         B, T = tokens.shape
         h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)), lengths=last_index + 1,
                                 adapters=adapters)
-        return self._pool(h, last_index)
+        return self._pool(h, last_index), self._tails(h.reshape(B * T, -1), last_index + jnp.arange(B) * T, targets)
 
     def prefill_context(self, tokens: jax.Array, adapters: jax.Array) -> tuple[jax.Array, jax.Array]:
         """tokens [1, C] right-padded, their LoRA adapter [1] -> rotated keys and values of every layer, each
@@ -374,23 +403,24 @@ class Transformer(nnx.Module):
         _, (k, v) = self._run_layers(tokens, jnp.arange(C)[None], keep_kv=True, adapters=adapters)
         return k, v
 
-    def hidden_after_context(self, ctx_k, ctx_v, ctx_len, tokens, last_index, adapters) -> jax.Array:
+    def hidden_after_context(self, ctx_k, ctx_v, ctx_len, tokens, last_index, targets, adapters):
         """Score continuations of a shared prefix: tokens [B, T] start at position ctx_len and attend to
-        the first ctx_len context keys (ctx_k, ctx_v [Layers, C, K, E]) plus their own causal keys; each row's LoRA
-        adapter [B] (the context's own). Returns [B, D] float32."""
+        the first ctx_len context keys (ctx_k, ctx_v [Layers, C, K, E]) plus their own causal keys; targets and
+        each row's LoRA adapter [B] (the context's own) as in `hidden`. Returns what `hidden` returns."""
         B, T = tokens.shape
         positions = ctx_len + jnp.broadcast_to(jnp.arange(T), (B, T))
         h, _ = self._run_layers(tokens, positions, (ctx_k, ctx_v, ctx_len), adapters=adapters)
-        return self._pool(h, last_index)
+        return self._pool(h, last_index), self._tails(h.reshape(B * T, -1), last_index + jnp.arange(B) * T, targets)
 
     def hidden_packed(self, tokens: jax.Array, positions: jax.Array, segments: jax.Array,
-                      last_index: jax.Array, adapters: jax.Array) -> jax.Array:
+                      last_index: jax.Array, targets: jax.Array, adapters: jax.Array):
         """Several whole sequences per row (runtime.serving.packed): tokens, positions (from 0 in each sequence)
         and segments (-1: padding) [R, W]; last_index [M]: flat indices into R * W of each sequence's last token;
-        each token's LoRA adapter [R, W]. Returns the final-normed hidden states there [M, D] float32."""
+        targets [M, P] as in `hidden`; each token's LoRA adapter [R, W]. Returns the final-normed hidden states
+        there [M, D] float32 and the targets' log-probabilities [M, P]."""
         h, _ = self._run_layers(tokens, positions, lengths=self._packed_lengths(segments), segments=segments,
                                 adapters=adapters)
-        return self._pool_flat(h, last_index)
+        return self._pool_flat(h, last_index), self._tails(h.reshape(-1, h.shape[-1]), last_index, targets)
 
     def _packed_lengths(self, segments: jax.Array) -> jax.Array | None:
         """Each token's sequence length [R, W] (the tokens of its segment in its row), for RoPE frequencies that
@@ -401,11 +431,25 @@ class Transformer(nnx.Module):
         return jnp.sum(segments[:, :, None] == segments[:, None, :], axis=-1, dtype=jnp.int32)
 
     def hidden_packed_after_context(self, ctx_k, ctx_v, ctx_len, tokens, positions, segments,
-                                    last_index, adapters) -> jax.Array:
+                                    last_index, targets, adapters):
         """Continuations of a shared prefix packed into rows: as hidden_packed, with positions from ctx_len, and
         every token also attends the context's first ctx_len keys (ctx_k, ctx_v [Layers, C, K, E])."""
         h, _ = self._run_layers(tokens, positions, (ctx_k, ctx_v, ctx_len), segments=segments, adapters=adapters)
-        return self._pool_flat(h, last_index)
+        return self._pool_flat(h, last_index), self._tails(h.reshape(-1, h.shape[-1]), last_index, targets)
+
+    def _tails(self, flat: jax.Array, last: jax.Array, targets: jax.Array) -> jax.Array:
+        """A label of several tokens scored on the rows holding its sequence and all but its last token: the
+        hidden states flat [N, D] (every position of the batch) at the P positions ending at each read row's last
+        index (`last` [M], flat), each with the token it predicts (targets [M, P], right-aligned; -1: none) ->
+        log P(target) [M, P] float32, by the vocabulary head that reads a single-token label (so a label's first
+        token has the bits the single-token path gives it). Computed only when a target is there."""
+        M, P = targets.shape
+
+        def read():
+            at = jnp.clip(last[:, None] - (P - 1) + jnp.arange(P), 0, flat.shape[0] - 1)  # [M, P]
+            normed = self._rows(self._normed, jnp.take(flat, at.reshape(M * P), axis=0))
+            return self.label_logprobs(normed, jnp.maximum(targets, 0).reshape(M * P, 1)).reshape(M, P)
+        return jax.lax.cond(jnp.any(targets >= 0), read, lambda: jnp.zeros((M, P), F32))
 
     def _pool_flat(self, h: jax.Array, last_index: jax.Array) -> jax.Array:
         R, W, D = h.shape

@@ -127,6 +127,7 @@ class BucketPlan:
     # calibrated service model (runtime.serving.cost).
     batch_overhead_tokens: float = 32.0
     lora: bool = False  # LoRA adapter slots: their classification heads' program too (runtime.model.lora)
+    label_tokens: int = 1  # the most tokens of a label (the positions a row's tail is read at: Job.targets)
 
     @property
     def max_length(self) -> int:

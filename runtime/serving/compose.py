@@ -41,7 +41,8 @@ def bucket_plan(settings: Settings, platform) -> BucketPlan:
                       labels=platform.label_buckets, context_lengths=settings.context_buckets,
                       prefix_sharing=settings.prefix_sharing, layout=platform.layout,
                       completion_batches=platform.completion_batch_buckets,
-                      lora=bool(lora.slots(settings.lora_adapters, settings.max_loras)))
+                      lora=bool(lora.slots(settings.lora_adapters, settings.max_loras)),
+                      label_tokens=settings.max_label_tokens)
 
 
 def executable_store(settings: Settings) -> ExecutableStore:
@@ -85,11 +86,11 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
         if arrays is not None:
             adapted = arrays if not slots else arrays | lora.stacked(list(adapters), projections, cfg.num_layers,
                                                                      slots, rank)
-            return Transformer(cfg, adapted, platform.dtype, platform.kernels, plan.max_length)
+            return Transformer(cfg, adapted, platform.dtype, platform.kernels, plan.max_length, plan.label_tokens)
         abstract = {name: jax.ShapeDtypeStruct(shape, np.int32 if name == "lora_columns" else np.float32)
                     for name, shape in shapes.items()}
-        return nnx.eval_shape(lambda a: Transformer(cfg, a, platform.dtype, platform.kernels, plan.max_length),
-                              abstract)
+        return nnx.eval_shape(lambda a: Transformer(cfg, a, platform.dtype, platform.kernels, plan.max_length,
+                                                    plan.label_tokens), abstract)
 
     if mesh is None or arrays is None:  # one device (the unsharded runtime), or nothing to place
         built = model()

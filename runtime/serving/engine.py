@@ -20,7 +20,7 @@ from runtime import PROCESS_STARTED, tracing
 from runtime.interface import EngineFault, Prediction, ScoreResult, ShuttingDown, TokenLogprobsResult
 from runtime.serving.buckets import BucketPlan
 from runtime.serving.cost import ServiceModel, calibrate
-from runtime.serving.jobs import Job, TokenJob
+from runtime.serving.jobs import Job, TokenJob, label_rows, label_scores
 from runtime.serving.scheduler import Scheduler
 from runtime.serving.slices import Entry, Round
 from runtime.tasks.classifiers import Classifier, adapter_heads, build_classifiers
@@ -39,6 +39,7 @@ class Engine:
         self.plan: BucketPlan | None = None  # and the platform: known once started (they need JAX's backend)
         self.platform = None
         self.max_sequence_length = self.settings.length_buckets[-1]
+        self.max_label_tokens = self.settings.max_label_tokens
         self.model_id = self.settings.model_id or default_model_id(self.settings.model)
         self.vocab_size = 0  # known once the model is loaded
         self.task = "causal_lm"  # known once the model is loaded: causal_lm | sequence_classification
@@ -162,6 +163,9 @@ class Engine:
 
     def submit(self, sequences, label_ids, deadline: float | None = None,
                request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future:
+        if any(not isinstance(label, int) for label in label_ids):  # labels of several tokens: a row per label
+            labels = [(label,) if isinstance(label, int) else tuple(label) for label in label_ids]
+            return self._enqueue(label_rows(sequences, labels, self._slot(adapter)), deadline, request_id)
         own_head = adapter in adapter_heads(self.classifiers)
         return self._enqueue(Job(sequences, label_ids, self._slot(adapter), head=own_head), deadline, request_id)
 
@@ -301,7 +305,11 @@ def _result(entry: Entry) -> ScoreResult | TokenLogprobsResult:
     queued = max(0.0, time.monotonic() - entry.submitted - entry.device_s)
     predicted = Prediction(entry.admission.wait_s, entry.admission.own_s) if entry.admission else None
     if isinstance(parts[0], np.ndarray):
-        return ScoreResult(parts[0] if len(parts) == 1 else np.concatenate(parts), queued, entry.device_s, predicted)
+        values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if entry.job.targets is not None:  # label_rows: each label's tokens, summed
+            sums, tokens = label_scores(values, entry.job.label_ids)
+            return ScoreResult(sums, queued, entry.device_s, predicted, tokens)
+        return ScoreResult(values, queued, entry.device_s, predicted)
     return TokenLogprobsResult([sequence for part in parts for sequence in part], queued, entry.device_s, predicted)
 
 

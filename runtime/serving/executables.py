@@ -30,11 +30,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("scorefn.runtime")
 
 
-def compiler_options(kernels, platform: str) -> dict[str, bool]:
+def compiler_options(kernels, platform: str) -> dict[str, bool | int]:
     """XLA options of every program: with the batch-invariant kernels on a GPU, XLA's deterministic mode (its
-    scatter and atomics-based reductions replaced: the same bits every run)."""
+    scatter and atomics-based reductions replaced: the same bits every run) and no autotuning (it times candidate
+    kernels at compile time, so two compiles of one program, two instances, could pick two GEMMs: two sets of bits)."""
     gpu = platform in ("gpu", "cuda", "rocm")  # a compile-only device names its platform
-    return {"xla_gpu_exclude_nondeterministic_ops": True} if kernels.batch_invariant and gpu else {}
+    if not (kernels.batch_invariant and gpu):
+        return {}
+    return {"xla_gpu_exclude_nondeterministic_ops": True, "xla_gpu_autotune_level": 0}
 
 
 class Executables:
@@ -47,7 +50,7 @@ class Executables:
         A model built with nnx.eval_shape has an abstract state: it compiles, never runs."""
         self.model = model  # its config, kernels and RoPE limit (the state lives in `state`)
         self.graphdef, self.state = nnx.split(model)
-        self.shapes = ModelShapes.of(model.cfg, model.attention_dtype)
+        self.shapes = ModelShapes.of(model.cfg, model.attention_dtype, model.label_tokens)
         self.matmul_precision = model.kernels.matmul_precision
         self.lazy = lazy  # compile a missing bucket on first use: for one-shot CLI runs, never for serving
         self.shardings = shardings  # or None: a single device, no sharding at all

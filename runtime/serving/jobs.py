@@ -1,5 +1,5 @@
 """What the engine is asked to compute (a request's sequences and what to read from them), and how a request's
-sequences are split into a shared prefix and the items after it. Pure Python: admission, the cost model and the
+sequences are split into a shared prefix and the items after it. Pure Python (and NumPy): admission, the cost model and the
 scorer share it."""
 
 from __future__ import annotations
@@ -7,18 +7,40 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import numpy as np
+
 from runtime.interface import Sampling
 from runtime.serving.buckets import BucketPlan, fit
 
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """Score label tokens after each sequence: [n_sequences, n_labels] log-probabilities."""
+    """Score label tokens after each sequence: [n_sequences, n_labels] log-probabilities. Or, with `targets` (see
+    label_rows), each sequence's label of several tokens: [n_sequences, tail] log-probabilities of the tokens its
+    last positions predict, right-aligned."""
     sequences: Sequence[Sequence[int]]
-    label_ids: Sequence[int]
+    label_ids: Sequence[int]  # label_rows's: the labels, each a tuple of token IDs
     adapter: int = 0  # the LoRA adapter scoring them (runtime.model.lora: 1..S), 0 the base model
     # The adapter's own classification head instead of the vocabulary head: raw logits of its labels 0 .. n-1
     head: bool = False
+    targets: Sequence[Sequence[int]] | None = None  # per sequence: the label tokens its last positions predict
+
+
+def label_rows(sequences: Sequence[Sequence[int]], labels: Sequence[Sequence[int]], adapter: int = 0) -> Job:
+    """Labels of any number of tokens after each sequence, as rows: for sequence i and label j (row i * L + j), the
+    sequence and all but the label's last token, its last positions predicting the label's tokens. The rows of an
+    item share its sequence (and those of a request the query), which the cascade computes once."""
+    rows = [list(seq) + list(label[:-1]) for seq in sequences for label in labels]
+    return Job(rows, tuple(map(tuple, labels)), adapter, targets=[tuple(label) for _ in sequences for label in labels])
+
+
+def label_scores(tails: np.ndarray, labels: Sequence[Sequence[int]]) -> tuple[np.ndarray, list[list[np.ndarray]]]:
+    """label_rows' results [items * L, tail] -> (each label's log-probability, the sum of its tokens' in float64
+    [items, L] float32; each label's tokens' log-probabilities [items][L])."""
+    per_token = [[tails[i * len(labels) + j, tails.shape[1] - len(label):] for j, label in enumerate(labels)]
+                 for i in range(len(tails) // max(len(labels), 1))]
+    sums = np.array([[float(np.sum(tokens, dtype=np.float64)) for tokens in row] for row in per_token], np.float32)
+    return sums.reshape(len(per_token), len(labels)), per_token
 
 
 @dataclasses.dataclass(frozen=True)

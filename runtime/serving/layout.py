@@ -44,6 +44,15 @@ class DeviceBatch:
         (positions counted from `start`: the shared prefix's length, for items after one)."""
         raise NotImplementedError
 
+    def targets(self, targets: Sequence[Sequence[int]] | None, tail: int) -> np.ndarray:
+        """Each head slot's targets [head_batch, tail]: its member's label tokens right-aligned, the tokens its last
+        positions predict (-1: none, and for every slot without `targets`)."""
+        out = np.full((self.head_batch, tail), -1, np.int32)
+        for r, i in enumerate(self.members if targets is not None else ()):
+            if targets[i]:
+                out[r, tail - len(targets[i]):] = targets[i]
+        return out
+
 
 class BucketLayout:
     name: str

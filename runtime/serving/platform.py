@@ -35,6 +35,10 @@ DEFAULT_BUCKETS = {
     "cpu": ((1, 2, 4, 8, 16, 32), (8, 32), 16384, (1, 8)),
     "accelerator": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (8, 32, 128, 256, 512), 65536, (1, 16)),
 }
+# Accelerators' batch-invariant kernels run the token stream in chunks of this many tokens (one GEMM shape per matmul,
+# whatever the batch: XLA:GPU's GEMM for a row moved with the number of rows, five bit classes for 1..512 rows on an
+# H100); a single item pays a chunk.
+ACCELERATOR_STREAM_CHUNK = 512
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head sizes that are multiples of 8 up to this (the probe checks)
 # CPU feature classes, best first: the flags (as /proc/cpuinfo names them) each needs, and the instruction set XLA:CPU
 # is capped at (XLA_FLAGS=--xla_cpu_max_isa) to compile executables that run on any host of the class. XLA:CPU
@@ -256,12 +260,19 @@ def resolve(settings: Settings, backend: str | None = None, data: int = 1, cpu: 
                          f"{settings.attention}, SCOREFN_BUCKET_LAYOUT={settings.bucket_layout})")
     batch_invariant = settings.batch_invariant == "true" or (settings.batch_invariant == "auto" and not accelerator
                                                              and not cannot)
+    if settings.attention == "pallas" and not batch_invariant:
+        raise ValueError("SCOREFN_ATTENTION=pallas is the batch-invariant kernels' attention: it needs "
+                         "SCOREFN_BATCH_INVARIANT true (or auto on a CPU)")
+    # Batch-invariant on a GPU: its attention as one Pallas kernel over fixed key blocks (a loop of per-tile XLA
+    # dots was 334x the default on an H100); elsewhere XLA's (runtime.model.invariant).
     attention = settings.attention if settings.attention != "auto" else (
+        "pallas" if backend == "gpu" and batch_invariant else
         "cudnn" if backend == "gpu" and dtype == "bfloat16" and not batch_invariant else "xla")
     kernels = Kernels(unroll=loop == "unroll", attention=attention,
                       attention_dtype=attention_dtype(backend, dtype, attention),
                       matmul_precision="highest" if accelerator else None, batch_invariant=batch_invariant,
-                      weight_bits=not accelerator)
+                      weight_bits=not accelerator,
+                      stream_chunk=ACCELERATOR_STREAM_CHUNK if accelerator and batch_invariant else 0)
 
     def buckets(explicit: tuple[int, ...] | None, auto: tuple[int, ...]) -> tuple[int, ...]:
         return explicit or rounded_up(auto, data)

@@ -21,17 +21,22 @@ KINDS = ("full", "context", "continuation", "completion", "head")  # what a devi
 
 @dataclasses.dataclass(frozen=True)
 class ModelShapes:
-    """What argument shapes need from the model: its layers, KV heads, head and hidden sizes, and the dtype of the
-    shared-prefix keys and values (the attention dtype)."""
+    """What argument shapes need from the model: its layers, KV heads, head and hidden sizes, the dtype of the
+    shared-prefix keys and values (the attention dtype), and the label tokens a row's tail is read at (targets)."""
     layers: int
     kv_heads: int
     head_dim: int
     hidden: int
     attention_dtype: str
+    tail: int = 1
 
     @classmethod
-    def of(cls, cfg: Any, attention_dtype: str) -> "ModelShapes":
-        return cls(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size, str(attention_dtype))
+    def of(cls, cfg: Any, attention_dtype: str, tail: int = 1) -> "ModelShapes":
+        return cls(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size, str(attention_dtype), tail)
+
+    def targets(self, rows: int) -> "ArgSpec":
+        """Each read row's label tokens, right-aligned on its last positions (-1: none) [rows, tail]."""
+        return (rows, self.tail), "int32"
 
     def kv(self, context: int) -> ArgSpec:
         return (self.layers, context, self.kv_heads, self.head_dim), self.attention_dtype
@@ -104,11 +109,11 @@ def _index(rows: int) -> ArgSpec:
     return (rows,), "int32"
 
 
-def _packed(s: dict[str, int]) -> tuple[ArgSpec, ...]:
-    """tokens, positions, segments [rows, width], each sequence's last token [slots] and each token's LoRA adapter
-    [rows, width] of packed rows."""
+def _packed(s: dict[str, int], m: ModelShapes) -> tuple[ArgSpec, ...]:
+    """tokens, positions, segments [rows, width], each sequence's last token [slots], their label tokens' targets
+    [slots, tail] and each token's LoRA adapter [rows, width] of packed rows."""
     return _tokens(s["rows"], s["width"]), _tokens(s["rows"], s["width"]), _tokens(s["rows"], s["width"]), \
-        _index(s["slots"]), _tokens(s["rows"], s["width"])
+        _index(s["slots"]), m.targets(s["slots"]), _tokens(s["rows"], s["width"])
 
 
 def _context(s: dict[str, int], m: ModelShapes) -> tuple[ArgSpec, ...]:
@@ -118,10 +123,13 @@ def _context(s: dict[str, int], m: ModelShapes) -> tuple[ArgSpec, ...]:
 
 PROGRAMS: dict[str, Program] = {p.name: p for p in (
     # Every forward pass takes each row's LoRA adapter (runtime.model.lora; 0: the base model) last: per row, or
-    # per token in packed rows. A model without adapters ignores it.
+    # per token in packed rows. A model without adapters ignores it. Those read at one position per sequence also
+    # take each sequence's targets (multi-token labels: the label's tokens on its last positions) and return beside
+    # the pooled state the targets' log-probabilities (computed only when a row has any).
     # whole right-padded sequences [batch, length] -> the final-normed hidden state at each row's last token
-    Program("hidden", ("batch", "length"), "full", ("batch", "batch", "batch"), "batch",
-            lambda s, m: (_tokens(s["batch"], s["length"]), _index(s["batch"]), _index(s["batch"])),
+    Program("hidden", ("batch", "length"), "full", ("batch", "batch", "batch", "batch"), ("batch", "batch"),
+            lambda s, m: (_tokens(s["batch"], s["length"]), _index(s["batch"]), m.targets(s["batch"]),
+                          _index(s["batch"])),
             lambda s: (s["batch"], s["length"], 0)),
     # a shared prefix [1, context] -> its keys and values in every layer
     Program("prefill_context", ("context",), "context", ("rep", "rep"), ("kv", "kv"),
@@ -129,16 +137,18 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
             lambda s: (1, s["context"], 0)),
     # items after a shared prefix [batch, length], attending its keys and values
     Program("hidden_after_context", ("context", "batch", "length"), "continuation",
-            ("kv", "kv", "rep", "batch", "batch", "batch"), "batch",
-            lambda s, m: (*_context(s, m), _tokens(s["batch"], s["length"]), _index(s["batch"]), _index(s["batch"])),
+            ("kv", "kv", "rep", "batch", "batch", "batch", "batch"), ("batch", "batch"),
+            lambda s, m: (*_context(s, m), _tokens(s["batch"], s["length"]), _index(s["batch"]), m.targets(s["batch"]),
+                          _index(s["batch"])),
             lambda s: (s["batch"], s["length"], s["context"])),
     # several whole sequences per row [rows, width], `slots` sequences read
-    Program("hidden_packed", ("rows", "width", "slots"), "full", ("batch", "batch", "batch", "rep", "batch"), "batch",
-            lambda s, m: _packed(s),
+    Program("hidden_packed", ("rows", "width", "slots"), "full", ("batch", "batch", "batch", "rep", "rep", "batch"),
+            ("batch", "batch"),
+            lambda s, m: _packed(s, m),
             lambda s: (s["rows"], s["width"], 0)),
     Program("hidden_packed_after_context", ("context", "rows", "width", "slots"), "continuation",
-            ("kv", "kv", "rep", "batch", "batch", "batch", "rep", "batch"), "batch",
-            lambda s, m: (*_context(s, m), *_packed(s)),
+            ("kv", "kv", "rep", "batch", "batch", "batch", "rep", "rep", "batch"), ("batch", "batch"),
+            lambda s, m: (*_context(s, m), *_packed(s, m)),
             lambda s: (s["rows"], s["width"], s["context"])),
     # the vocabulary head on pooled rows [batch, hidden] for `labels` label tokens a row
     Program("label_logprobs", ("batch", "labels"), "head", ("batch", "batch"), "batch",

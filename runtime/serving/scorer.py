@@ -34,6 +34,7 @@ class Row:
     job: int  # index of its request in the round
     index: int  # its index in the request
     tokens: Sequence[int]
+    targets: Sequence[int] | None = None  # a label of several tokens its last positions predict (Job.targets)
 
 
 @dataclasses.dataclass
@@ -107,7 +108,8 @@ class Scorer:
         full_rows: list[Row] = []
         token_rows: list[Row] = []
         for j, job in enumerate(jobs):
-            rows = [Row(j, i, seq) for i, seq in enumerate(job.sequences)]
+            targets = getattr(job, "targets", None) or [None] * len(job.sequences)
+            rows = [Row(j, i, seq, target) for i, (seq, target) in enumerate(zip(job.sequences, targets))]
             if isinstance(job, TokenJob):
                 token_rows += rows
             elif shared := shared_prefix_length(self.plan, job.sequences, self.rope_length_limit):
@@ -127,7 +129,7 @@ class Scorer:
         """Wait for a dispatched round and fetch all its outputs in one transfer: per job, [n_sequences, n_labels]
         log-probabilities (Job) or one TokenLogprobs per sequence (TokenJob)."""
         jobs = dispatched.jobs
-        results: list = [np.empty((len(job.sequences), len(job.label_ids)), np.float32) if isinstance(job, Job)
+        results: list = [np.empty((len(job.sequences), self._width(job)), np.float32) if isinstance(job, Job)
                          else [None] * len(job.sequences) for job in jobs]
         fetched = jax.device_get([output for output, _ in dispatched.pending])
         for values, (_, rows) in zip(fetched, dispatched.pending):
@@ -136,10 +138,19 @@ class Scorer:
                     continue
                 job = jobs[row.job]
                 if isinstance(job, Job):
-                    results[row.job][row.index] = values[r, : len(job.label_ids)]
+                    results[row.job][row.index] = values[r, : self._width(job)]
                 else:
                     results[row.job][row.index] = _token_logprobs(values, r, len(row.tokens))
         return results
+
+    def _width(self, job: Job) -> int:
+        """Values a row of a job reads: its labels', or the tail of a label of several tokens."""
+        return self.plan.label_tokens if job.targets is not None else len(job.label_ids)
+
+    def _with_targets(self, batch: DeviceBatch, arrays: tuple, rows: list[Row]) -> tuple:
+        """A device batch's token arguments with its rows' targets before the adapters (which come last)."""
+        targets = [row.targets for row in rows] if any(row.targets for row in rows) else None
+        return *arrays[:-1], batch.targets(targets, self.plan.label_tokens), arrays[-1]
 
     def _dispatch_full(self, rows: list[Row], jobs: Sequence[Job]) -> list[tuple[Any, list[Row]]]:
         program = self.plan.layout.full_program.name
@@ -147,8 +158,9 @@ class Scorer:
         adapters = [jobs[row.job].adapter for row in rows]
         out = []
         for batch in self.plan.split_full([len(s) for s in sequences]):
-            hidden = self._run(program, batch.bucket, *batch.arrays(sequences, adapters))
-            out += self._read(hidden, batch, rows, jobs)
+            hidden, tails = self._run(program, batch.bucket,
+                                      *self._with_targets(batch, batch.arrays(sequences, adapters), rows))
+            out += self._read(hidden, tails, batch, rows, jobs)
         return out
 
     def _dispatch_after_prefix(self, rows: list[Row], jobs: Sequence[Job], shared: int
@@ -165,35 +177,41 @@ class Scorer:
         items = [row.tokens[shared:] for row in rows]
         out = []
         for batch in self.plan.split_suffixes([len(s) for s in items]):
-            hidden = self._run(program, (context, *batch.bucket), ctx_k, ctx_v, np.int32(shared),
-                              *batch.arrays(items, [adapter] * len(items), start=shared))
+            arrays = self._with_targets(batch, batch.arrays(items, [adapter] * len(items), start=shared), rows)
+            hidden, tails = self._run(program, (context, *batch.bucket), ctx_k, ctx_v, np.int32(shared), *arrays)
             self.prefix_batches += 1
-            out += self._read(hidden, batch, rows, jobs)
+            out += self._read(hidden, tails, batch, rows, jobs)
         return out
 
-    def _read(self, hidden, batch: DeviceBatch, rows: list[Row], jobs: Sequence[Job]
+    def _read(self, hidden, tails, batch: DeviceBatch, rows: list[Row], jobs: Sequence[Job]
               ) -> list[tuple[Any, list[Row | None]]]:
         """The heads on a device batch's pooled rows: label log-probabilities, a classification model's logits, or
-        a classification adapter's own; each head's output with the rows it answers (None: a slot another head
-        answers)."""
+        a classification adapter's own; or, for rows of labels of several tokens, the targets' log-probabilities
+        the forward pass read (`tails`). Each output with the rows it answers (None: a slot another answers)."""
         members = [rows[i] for i in batch.members]
         self.device_batches += 1
         self.device_rows += len(members)
         if self.task != "causal_lm":
             return [(self._run("class_logits", (batch.head_batch,), hidden), members)]
         out = []
-        own = [row if jobs[row.job].head else None for row in members]
+        labelled = [row if row.targets is not None else None for row in members]
+        if any(labelled):
+            out.append((tails, labelled))
+            members = [None if row.targets is not None else row for row in members]
+            if not any(members):
+                return out
+        own = [row if row is not None and jobs[row.job].head else None for row in members]
         if any(own):
             slots = np.zeros((batch.head_batch,), np.int32)
             for r, row in enumerate(members):
-                slots[r] = jobs[row.job].adapter
+                slots[r] = jobs[row.job].adapter if row is not None else 0
             out.append((self._run("lora_class_logits", (batch.head_batch,), hidden, slots), own))
-        vocabulary = [None if jobs[row.job].head else row for row in members]
+        vocabulary = [None if row is None or jobs[row.job].head else row for row in members]
         if any(vocabulary):
-            n_labels = fit(self.plan.labels, max(len(jobs[row.job].label_ids) for row in members))
+            n_labels = fit(self.plan.labels, max(len(jobs[row.job].label_ids) for row in vocabulary if row))
             labels = np.zeros((batch.head_batch, n_labels), np.int32)  # padding rows and columns gather label 0
-            for r, row in enumerate(members):
-                ids = jobs[row.job].label_ids
+            for r, row in enumerate(vocabulary):
+                ids = jobs[row.job].label_ids if row is not None else ()
                 labels[r, : len(ids)] = ids
             out.append((self._run("label_logprobs", (batch.head_batch, n_labels), hidden, labels), vocabulary))
         return out

@@ -53,6 +53,32 @@ def layer_loops(hlo: str, layers: int) -> tuple[int, int]:
     return sum(holds_cudnn(body, set()) for body in bodies), len(bodies)
 
 
+def layer_gemms(hlo: str, layers: int) -> tuple[list[str], int]:
+    """(The result shapes of every matmul in the layer loop's body, at any depth of the loops inside it; how many of
+    the layer-loop bodies hold a Pallas (Triton) kernel): what a row passes through in every layer."""
+    comps = computations(hlo)
+    bodies = [body for text in comps.values()
+              for body, trips in re.findall(r'body=%?([\w.\-]+).*?"known_trip_count":\{"n":"(\d+)"\}', text)
+              if int(trips) == layers]
+    found: set[str] = set()
+    kernels = 0
+    for body in bodies:
+        seen, todo, triton = set(), [body], False
+        while todo:
+            name = todo.pop()
+            if name in seen or name not in comps:
+                continue
+            seen.add(name)
+            text = comps[name]
+            triton |= "__gpu$xla.gpu.triton" in text
+            found.update(re.sub(r"\{[^}]*\}", "", shape) for shape, op, rest in
+                         re.findall(r"= (\S+) (dot|convolution|custom-call)\(([^\n]*)", text)
+                         if op != "custom-call" or "gemm" in rest)
+            todo += re.findall(r"(?:body|condition|calls|to_apply|branch_computations)=\{?%?([\w.\-]+)", text)
+        kernels += triton
+    return sorted(found), kernels
+
+
 def loop_dots(hlo: str, depth: int = 3) -> list[str]:
     """The result shapes of the matmuls (dots, cuBLAS calls, a TPU's convolutions) inside at least `depth` nested while loops: those of
     the batch-invariant attention's key blocks (layer loop > tile loop > block loop)."""
@@ -109,6 +135,8 @@ def run(spec: dict) -> dict:
                                     scorer.exe.stored_bytes.get((method, key), 0))
             row["cudnn_layer_loops"], row["layer_loops"] = layer_loops(compiled.as_text(), cfg.num_layers)
             row["attention_dots"] = loop_dots(compiled.as_text())
+            row["layer_gemms"], row["pallas_layer_loops"] = layer_gemms(compiled.as_text(), cfg.num_layers)
+            row["loop_gemms"] = loop_dots(compiled.as_text(), 2)  # a TPU's layer loop says no trip count
             rows.append(row)
         entry = {"platform": platform.describe(), "fingerprint": scorer.exe.fingerprint,
                  "compiler_options": scorer.exe.compiler_options,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.serving.platform import ACCELERATOR_STREAM_CHUNK
 from tests.conftest import REPO
 
 AOT_PYTHON = Path(os.environ.get("SCOREFN_AOT_PYTHON", REPO / ".venv-aot" / "bin" / "python"))
@@ -173,17 +174,35 @@ def test_gemma2_and_qwen3_moe_compile_for_an_h100_and_a_tpu_v5e(deviceless, case
         assert side["fingerprint"] == side["start_fingerprint"]
 
 
-@pytest.mark.parametrize("name", ["h100", "tpu"])
-def test_the_batch_invariant_programs_compile_with_one_set_of_attention_tiles(deviceless, name):
-    """What can be shown without the device: every bucket of every layer body (whole rows of 32 and 64 tokens, 1
-    or 2 rows, items of 8 or 16 after a prefix, the prefix itself) runs its attention in the same matmul shapes,
-    tiles of queries against blocks of keys, whatever the bucket; no cuDNN call; on the GPU, XLA's deterministic
-    mode. Whether the bits then hold on the device is tests/e2e/test_gpu_invariance.py's, with a device."""
-    case = deviceless[f"{name}_invariant"]
-    assert "batch-invariant on" in case["platform"]
+def test_the_batch_invariant_gpu_programs_pass_every_row_through_one_set_of_gemms_and_one_attention_kernel(deviceless):
+    """What can be shown without the device, from the optimized HLO of every bucket of every layer body (whole rows of
+    32 and 64 tokens, 1 or 2 rows, items of 8 or 16 after a prefix, the prefix itself): every matmul a row passes
+    through in a layer has one shape whatever the bucket (the token stream in chunks of ACCELERATOR_STREAM_CHUNK),
+    the attention is one Pallas kernel in every layer body (not per-tile XLA dots), no cuDNN; XLA's deterministic
+    mode and no autotuning. Whether the bits then hold on the device: tests/gpu/test_invariance_on_gpu.py."""
+    case = deviceless["h100_invariant"]
+    assert "batch-invariant on" in case["platform"] and "attention pallas in bfloat16" in case["platform"]
     rows = case["executables"]
     assert {row["method"] for row in rows} == INVARIANT_BODIES and len(rows) >= 7, [row["bucket"] for row in rows]
-    shapes = {tuple(row["attention_dots"]) for row in rows}
-    assert len(shapes) == 1 and shapes != {()}, shapes
-    assert all(row["cudnn_layer_loops"] == 0 and row["serialized_bytes"] > 0 for row in rows)
-    assert case["compiler_options"] == ({"xla_gpu_exclude_nondeterministic_ops": True} if name == "h100" else {})
+    gemms = {tuple(row["layer_gemms"]) for row in rows}
+    assert len(gemms) == 1 and gemms != {()}, gemms
+    assert all(shape.split("[")[1].startswith(f"{ACCELERATOR_STREAM_CHUNK},") for shape in next(iter(gemms))), gemms
+    for row in rows:
+        assert (row["pallas_layer_loops"], row["cudnn_layer_loops"], row["layer_loops"]) == (1, 0, 1), row["bucket"]
+        assert row["attention_dots"] == [] and row["serialized_bytes"] > 0, row["bucket"]
+    assert case["compiler_options"] == {"xla_gpu_exclude_nondeterministic_ops": True, "xla_gpu_autotune_level": 0}
+
+
+def test_the_batch_invariant_tpu_programs_compile_with_one_set_of_gemms(deviceless):
+    """The same design for a TPU v5e, compiled deviceless: the token stream in fixed chunks, attention as XLA's
+    blocked kernels (runtime.model.invariant): one set of matmul shapes in every bucket's layer body. Not run on a
+    TPU (none is lent): whether its bits hold there is unshown."""
+    case = deviceless["tpu_invariant"]
+    assert "batch-invariant on" in case["platform"]
+    rows = case["executables"]
+    assert {row["method"] for row in rows} == INVARIANT_BODIES and len(rows) >= 7
+    stream = {tuple(s for s in row["loop_gemms"] if s.split("[")[1].startswith(f"{ACCELERATOR_STREAM_CHUNK},"))
+              for row in rows}
+    assert len(stream) == 1 and stream != {()}, stream
+    assert all(row["serialized_bytes"] > 0 and row["cudnn_layer_loops"] == 0 for row in rows)
+    assert case["compiler_options"] == {}

@@ -28,6 +28,7 @@ class FakeEngine:
     model_id = "fake-model"
     vocab_size = 1000
     max_sequence_length = 64
+    max_label_tokens = 8
     task = "causal_lm"
     classifiers: tuple = ()  # tests/handler/test_classify.py installs some
     rerankers: tuple = ()  # tests/handler/test_rerank.py installs some
@@ -72,10 +73,17 @@ class FakeEngine:
         return self._answer(sequences, label_ids, deadline, request_id, lambda: self.compute(sequences, label_ids))
 
     @staticmethod
-    def compute(sequences: list[list[int]], label_ids: list[int]) -> ScoreResult:
-        logprobs = np.array([[expected_logprob(len(s), label) for label in label_ids] for s in sequences],
-                            dtype=np.float32)
-        return ScoreResult(logprobs=logprobs, queue_seconds=0.25, device_seconds=0.5)
+    def compute(sequences: list[list[int]], label_ids: list) -> ScoreResult:
+        """A label of several tokens: token k after the sequence and the label's k tokens before it."""
+        if all(isinstance(label, int) for label in label_ids):
+            logprobs = np.array([[expected_logprob(len(s), label) for label in label_ids] for s in sequences],
+                                dtype=np.float32)
+            return ScoreResult(logprobs=logprobs, queue_seconds=0.25, device_seconds=0.5)
+        labels = [[label] if isinstance(label, int) else label for label in label_ids]
+        tokens = [[np.array([expected_logprob(len(s) + k, t) for k, t in enumerate(label)], np.float32)
+                   for label in labels] for s in sequences]
+        sums = np.array([[float(np.sum(t, dtype=np.float64)) for t in row] for row in tokens], np.float32)
+        return ScoreResult(sums, 0.25, 0.5, token_logprobs=tokens)
 
     def submit_logprobs(self, sequences: list[list[int]], sampling: list, deadline: float | None = None,
                         request_id: str | None = None, adapter: str | None = None

@@ -27,8 +27,10 @@ def test_every_endpoint_is_documented(spec: dict) -> None:
 def test_score_request_and_responses(spec: dict) -> None:
     operation = spec["paths"]["/v1/score"]["post"]
     request = operation["requestBody"]["content"]["application/json"]["schema"]
-    assert request["required"] == ["query", "items", "label_token_ids"]
-    assert set(request["properties"]) == {"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"}
+    assert request["required"] == ["query", "items"]
+    assert request["oneOf"] == [{"required": ["label_token_ids"]}, {"required": ["labels"]}]
+    assert set(request["properties"]) == {"query", "items", "label_token_ids", "labels", "label_normalization",
+                                          "return_token_logprobs", "apply_softmax", "item_first", "model"}
     assert request["properties"]["apply_softmax"]["type"] == ["boolean", "null"]  # null: as if absent
     assert {"type": "string", "minLength": 1} in request["properties"]["query"]["anyOf"]
     assert set(operation["responses"]) == {"200", "400", "401", "413", "422", "429", "500", "503"}

