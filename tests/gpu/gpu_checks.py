@@ -99,6 +99,26 @@ def invariance(scorer, vocab: int) -> dict:
             "prefix_batches": getattr(scorer, "prefix_batches", 0) - before}
 
 
+def label_invariance(scorer, vocab: int) -> dict:
+    """Labels of several tokens (label rows): 12 items x 4 labels of 1-6 tokens together against each item alone,
+    and a label's first token against the single-token path, bitwise."""
+    from runtime.serving.jobs import label_rows, label_scores
+
+    rng = np.random.default_rng(2)
+    query = rng.integers(100, vocab - 100, 60).tolist()
+    items = [query + s for s in sequences(rng, 12, 4, 24, vocab)]
+    labels = [rng.integers(100, vocab - 100, n).tolist() for n in (1, 2, 4, 6)]
+    together, _ = label_scores(scorer.score_jobs([label_rows(items, labels)])[0], labels)
+    alone = np.concatenate([label_scores(scorer.score_jobs([label_rows([item], labels)])[0], labels)[0]
+                            for item in items])
+    single = np.asarray(scorer.score(items, [label[0] for label in labels]))
+    _, per_token = label_scores(scorer.score_jobs([label_rows(items, labels)])[0], labels)
+    firsts = np.array([[per_token[i][j][0] for j in range(len(labels))] for i in range(len(items))])
+    return {"together_alone_equal": [int((together == alone).all(axis=1).sum()), len(items)],
+            "max_diff": float(np.abs(together - alone).max()),
+            "first_token_equal_single_path": bool(np.array_equal(firsts, single))}
+
+
 def exactness(named: dict, model_dir: Path, vocab: int) -> dict:
     """Error against transformers float32 (TF32 off), each sequence alone, 16 sequences x 4 labels: each scorer's and
     transformers bfloat16's (mean, max)."""
@@ -148,6 +168,30 @@ def speed(named: dict, vocab: int, repeats: int = 5) -> dict:
     return out
 
 
+def w4_speed(named: dict, model_dir: Path, vocab: int, repeats: int = 3) -> dict:
+    """W4 (64 prompts of 256 tokens, every position's log-probability and top 5): prompts/s of each scorer and of
+    the transformers script (bfloat16, batches of 64), medians after one warm run."""
+    from runtime.tools.baselines import TorchScorer
+    from runtime.tools.workloads import W4_SIZE, w4_prompts
+
+    prompts, tokens, top_k = W4_SIZE
+    sample = w4_prompts(vocab, prompts, tokens)
+
+    def rate(fn):
+        fn()
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - started)
+        return prompts / float(np.median(times))
+    out = {kind: rate(lambda: scorer.token_logprobs(sample)) for kind, (scorer, _) in named.items()}
+    torch_scorer = TorchScorer(model_dir, "bfloat16", pad_id=0, batch=64)
+    out["torch_bfloat16"] = rate(lambda: torch_scorer.token_logprobs(sample, top_k))
+    out["default_over_torch"] = out["default"] / out["torch_bfloat16"]
+    return out
+
+
 def main(out_dir: str, seconds: float = 420.0) -> int:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -181,8 +225,10 @@ def main(out_dir: str, seconds: float = 420.0) -> int:
     vocab = loaded.cfg.vocab_size
     step("invariance_invariant", lambda: invariance(named["invariant"][0], vocab), 60)
     step("invariance_default", lambda: invariance(named["default"][0], vocab), 60)
+    step("labels_invariant", lambda: label_invariance(named["invariant"][0], vocab), 30)
     step("exactness", lambda: exactness(named, model_dir, vocab), 40)
     step("speed", lambda: speed(named, vocab), 60)
+    step("w4_speed", lambda: w4_speed(named, model_dir, vocab), 40)
     print("done", flush=True)
     return 0
 
