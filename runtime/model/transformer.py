@@ -75,6 +75,28 @@ def _positions_per_chunk(batch: int, length: int, vocab: int) -> int:
     return chunk
 
 
+TOP_K_GROUP = 16  # vocabulary entries per group of _top_k's first pass
+
+
+def _top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """jax.lax.top_k over the last axis, exactly, at the cost of a max: the k largest entries lie in the k groups
+    of TOP_K_GROUP entries with the largest maxima (a group holding one of them has a maximum at least as large,
+    and at most k - 1 other groups can beat it), so one top_k runs over the groups' maxima and one over those
+    groups' entries, in vocabulary order so that ties still go to the lowest id. lax.top_k over a 152k vocabulary
+    was 20x the vocabulary matmul on an H100 and a quarter of it on a CPU; this is a few percent."""
+    *lead, v = x.shape
+    if v < 4 * k * TOP_K_GROUP:  # too few groups to gain
+        return jax.lax.top_k(x, k)
+    grouped = jnp.pad(x, [(0, 0)] * len(lead) + [(0, (-v) % TOP_K_GROUP)], constant_values=-jnp.inf)
+    grouped = grouped.reshape(*lead, -1, TOP_K_GROUP)  # [..., G, TOP_K_GROUP]
+    _, groups = jax.lax.top_k(grouped.max(axis=-1), k)
+    groups = jnp.sort(groups, axis=-1)  # [..., k]
+    candidates = jnp.take_along_axis(grouped, groups[..., None], axis=-2).reshape(*lead, k * TOP_K_GROUP)
+    ids = (groups[..., None] * TOP_K_GROUP + jnp.arange(TOP_K_GROUP)).reshape(*lead, k * TOP_K_GROUP)
+    values, picked = jax.lax.top_k(candidates, k)
+    return values, jnp.take_along_axis(ids, picked, axis=-1)
+
+
 def _frequencies(table: jax.Array, lengths: jax.Array | None) -> jax.Array:
     """Inverse frequencies [R/2], or from a by-length table (dynamic, longrope) per row [B, R/2] (lengths [B]) or
     per token [R, W, R/2] (packed rows: lengths [R, W]); without lengths (the shared-prefix paths) the first row,
@@ -512,7 +534,7 @@ class Transformer(nnx.Module):
             logits = self._final_logits(jnp.einsum("bcd,vd->bcv", h_c, head, preferred_element_type=F32))
             lse = jax.nn.logsumexp(logits, axis=-1)
             chosen = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0] - lse
-            top_values, top_ids = jax.lax.top_k(logits, TOP_K)
+            top_values, top_ids = _top_k(logits, TOP_K)
             return chosen, top_ids.astype(jnp.int32), top_values - lse[..., None]
 
         if self.kernels.batch_invariant:  # every position in fixed tiles of positions, whatever the batch

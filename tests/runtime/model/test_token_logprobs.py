@@ -90,3 +90,20 @@ def test_the_embedded_model_matches_transformers(embedded_dir, torch_embedded):
     sequences = [tokenizer.encode(text) for text in texts]
     for ours, sequence in zip(scorer.token_logprobs(sequences), sequences):
         assert_matches(ours, torch_log_softmax(model, sequence), sequence, atol=1e-3)
+
+
+@pytest.mark.parametrize("vocab", [100, 1_000, 49_152, 151_936])
+def test_grouped_top_k_is_lax_top_k(vocab):
+    """The per-position top alternatives' two-pass top_k returns lax.top_k's values and ids, ties included (the
+    lowest id first): on random logits and on coarse ones where many entries tie."""
+    import jax
+    import jax.numpy as jnp
+
+    from runtime.model.transformer import TOP_K, _top_k
+
+    rng = np.random.default_rng(vocab)
+    for logits in (rng.normal(size=(6, vocab)), np.round(rng.normal(size=(6, vocab)) * 2)):
+        x = jnp.asarray(logits, jnp.float32)
+        values, ids = jax.jit(lambda a: _top_k(a, TOP_K))(x)
+        expected_values, expected_ids = jax.lax.top_k(x, TOP_K)
+        assert np.array_equal(values, expected_values) and np.array_equal(ids, expected_ids)
