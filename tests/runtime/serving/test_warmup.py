@@ -146,12 +146,16 @@ def test_a_start_takes_a_lower_classes_whole_set_with_its_format(model_dir, cach
     xla_dir, cpuinfo = tmp_path / "xla", tmp_path / "cpuinfo"
     monkeypatch.setattr(platforms, "CPUINFO", cpuinfo)
     settings = dict(batch_buckets=(2,), prefix_sharing=False, dtype="auto")
-    cpuinfo.write_text(EPYC)  # the baseline set, as an AVX2 host compiles it
-    baseline = Engine(small_settings(model_dir, cache_dir, xla_dir, **settings))
-    baseline.start()
-    baseline.stop(5)
-    assert baseline.platform.dtype == "float32" and baseline.platform.cpu.feature_class == "avx2"
     cpuinfo.write_text(SAPPHIRE_RAPIDS)
+    # The baseline set as `scorefn warmup --cpu-class avx2` compiles it on this AMX host: XLA_FLAGS caps the class
+    # (this process's backend has started, so its code is the host's; the set is what such a build stores: portable
+    # kernels, float32).
+    with monkeypatch.context() as capped:
+        capped.setenv("XLA_FLAGS", platforms.max_isa_flag("avx2"))
+        baseline = Engine(small_settings(model_dir, cache_dir, xla_dir, **settings))
+        baseline.start()
+        baseline.stop(5)
+    assert baseline.platform.dtype == "float32" and baseline.platform.cpu.feature_class == "avx2"
     engine = Engine(small_settings(model_dir, cache_dir, xla_dir, **settings))
     engine.start()
     try:
