@@ -33,7 +33,7 @@ from runtime.tasks.classifiers import Classifier
 class ClassifyJob:
     """A validated /v1/classify request, ready for the engine."""
     sequences: list[list[int]]  # one prompt per input, in input order, each non-empty and within the length limit
-    label_ids: list[int]  # the classifier's
+    label_ids: list[int | tuple[int, ...]]  # the classifier's verbalizers (a tuple: a word of several tokens)
     classifier: Classifier
     use_activation: bool
     model: str  # the classifier's id (or the LoRA adapter's name), answered as `model`

@@ -33,7 +33,7 @@ from runtime.tasks.rerankers import Reranker
 class RerankJob:
     """A validated /v1/rerank request, ready for the engine."""
     sequences: list[list[int]]  # one query-document pair per document, in document order
-    label_ids: list[int]  # the reranker's
+    label_ids: list[int | tuple[int, ...]]  # the reranker's yes/no words (a tuple: several tokens)
     reranker: Reranker
     documents: list[str]  # as given (returned with return_documents)
     top_n: int

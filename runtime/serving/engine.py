@@ -103,9 +103,9 @@ class Engine:
         tokenizer before anything compiles, so a bad declaration fails the start fast."""
         self.config, self.model_id, self.tokenizer, self.task = cfg, model_id, tokenizer, cfg.task
         self.vocab_size = cfg.logit_dim if cfg.task == "causal_lm" else cfg.vocab_size
-        self.classifiers = build_classifiers(self.settings.classifiers, cfg, model_id, tokenizer,
-                                             self.settings.max_labels)
-        self.rerankers = build_rerankers(self.settings.rerankers, cfg, model_id, tokenizer, self.settings.max_labels,
+        limits = self.settings.max_labels, self.settings.max_label_tokens
+        self.classifiers = build_classifiers(self.settings.classifiers, cfg, model_id, tokenizer, *limits)
+        self.rerankers = build_rerankers(self.settings.rerankers, cfg, model_id, tokenizer, *limits,
                                          tuple(c.name for c in self.classifiers))
 
     def _take_adapters(self, adapters) -> None:

@@ -1,8 +1,9 @@
 """What /v1/classify serves: a sequence-classification head, or prompt-verbalizer classifiers on a causal LM.
 
-A prompt-verbalizer classifier renders a template around the input and reads the next-token log-probabilities
-of one single-token verbalizer word per label (e.g. " positive" / " negative"); its probs are the softmax over
-those tokens. They are declared in a TOML file (SCOREFN_CLASSIFIERS; empty: BUILTIN_TOML below):
+A prompt-verbalizer classifier renders a template around the input and reads the log-probabilities of one
+verbalizer word per label (e.g. " positive" / " very negative"); its probs are the softmax over those
+words' log-probabilities (a word of several tokens: the sum of its tokens', each after the ones before it).
+They are declared in a TOML file (SCOREFN_CLASSIFIERS; empty: BUILTIN_TOML below):
 
     [[classifier]]
     name = "topic"                   # what `model` selects in a request
@@ -11,7 +12,7 @@ those tokens. They are declared in a TOML file (SCOREFN_CLASSIFIERS; empty: BUIL
     # chat = true                    # wrap the template in the model's chat template, as the user's message
     # assistant_prefix = "Topic:"    # with chat: text that follows the assistant header
 
-Every verbalizer must be exactly one token (`tokenizer.encode(word, add_special_tokens=False)`); start-up
+A verbalizer is 1 to SCOREFN_MAX_LABEL_TOKENS tokens (`tokenizer.encode(word, add_special_tokens=False)`); start-up
 fails otherwise, naming the classifier, label, word and its tokens. Pure Python: the handler imports `Classifier`.
 """
 
@@ -62,7 +63,8 @@ class Classifier:
     """A classifier ready to serve: what engine.submit needs and how to read its scores."""
     name: str
     labels: tuple[str, ...]
-    label_ids: tuple[int, ...]  # submit()'s label_ids: verbalizer token IDs, or 0 .. n-1 for a classification head
+    # submit()'s label_ids: each verbalizer's token ID (or its tokens' tuple), or 0 .. n-1 for a classification head
+    label_ids: tuple[int | tuple[int, ...], ...]
     activation: str  # use_activation=true: "softmax" or "sigmoid" (one-label and multi-label heads)
     prompt: str | None = None  # the rendered template, with one {input}; None: the input is scored as is
     add_special_tokens: bool = True  # when tokenizing a text input (a chat-rendered prompt has its own)
@@ -119,7 +121,8 @@ def load_specs(path: str) -> tuple[ClassifierSpec, ...]:
 
 # ---- resolution against the served model -----------------------------------------------------------
 
-def resolve(spec: ClassifierSpec, tokenizer: Any, vocab_size: int, max_labels: int) -> Classifier:
+def resolve(spec: ClassifierSpec, tokenizer: Any, vocab_size: int, max_labels: int,
+            max_label_tokens: int) -> Classifier:
     """The classifier with its prompt rendered and its verbalizers as token IDs; ClassifierError if it cannot be."""
     where = f"classifier '{spec.name}'"
     if len(spec.labels) > max_labels:
@@ -127,10 +130,10 @@ def resolve(spec: ClassifierSpec, tokenizer: Any, vocab_size: int, max_labels: i
     prompt = declarations.render(spec.template, spec.chat, spec.assistant_prefix, tokenizer, where, ClassifierError)
     if prompt.count(INPUT) != 1:
         raise ClassifierError(f"{where}: the chat template did not keep {INPUT} exactly once: {prompt!r}")
-    token_ids: list[int] = []
+    token_ids: list[int | tuple[int, ...]] = []
     for label, word in zip(spec.labels, spec.words):
-        token = declarations.single_token(word, tokenizer, vocab_size, f"{where}: label '{label}': verbalizer",
-                                          ClassifierError)
+        token = declarations.verbalizer_tokens(word, tokenizer, vocab_size, max_label_tokens,
+                                               f"{where}: label '{label}': verbalizer", ClassifierError)
         if token in token_ids:
             other = spec.labels[token_ids.index(token)]
             raise ClassifierError(f"{where}: labels '{other}' and '{label}' have the same verbalizer token {token}")
@@ -152,8 +155,8 @@ def head_classifier(cfg: Any, model_id: str) -> Classifier:
                       activation="sigmoid" if sigmoid else "softmax")
 
 
-def build_classifiers(setting: str, cfg: Any, model_id: str, tokenizer: Any,
-                      max_labels: int) -> tuple[Classifier, ...]:
+def build_classifiers(setting: str, cfg: Any, model_id: str, tokenizer: Any, max_labels: int,
+                      max_label_tokens: int) -> tuple[Classifier, ...]:
     """The classifiers the engine serves, checked against the loaded model (called at start-up).
 
     `setting` is SCOREFN_CLASSIFIERS. Declared classifiers that do not fit the model raise ClassifierError;
@@ -170,7 +173,7 @@ def build_classifiers(setting: str, cfg: Any, model_id: str, tokenizer: Any,
         return (head_classifier(cfg, model_id),)
     specs = load_specs(setting)
     try:
-        return tuple(resolve(spec, tokenizer, cfg.vocab_size, max_labels) for spec in specs)
+        return tuple(resolve(spec, tokenizer, cfg.vocab_size, max_labels, max_label_tokens) for spec in specs)
     except ClassifierError as exc:
         if setting:
             raise

@@ -84,13 +84,17 @@ def render(template: str, chat: bool, prefix: str, tokenizer: Any, where: str, e
                                          add_generation_prompt=True) + prefix
 
 
-def single_token(word: str, tokenizer: Any, vocab_size: int, what: str, error: type) -> int:
-    """The one token of a verbalizer `word`; `what` names it in messages ("classifier 'x': label 'y': verbalizer")."""
+def verbalizer_tokens(word: str, tokenizer: Any, vocab_size: int, max_tokens: int, what: str,
+                      error: type) -> int | tuple[int, ...]:
+    """A verbalizer `word`'s tokens: its one token ID (the single-token path), or the tuple of its tokens (scored as
+    the sum of their log-probabilities, runtime.serving.jobs.label_rows); `what` names it in messages ("classifier
+    'x': label 'y': verbalizer")."""
     ids = list(tokenizer.encode(word, add_special_tokens=False))
-    if len(ids) != 1:
+    if not ids or len(ids) > max_tokens:
         pieces = tokenizer.convert_ids_to_tokens(ids) if ids else []
-        raise error(f"{what} {word!r} is {len(ids)} tokens {ids} {pieces}, not one; pick a word that is a single "
-                    "token (check with POST /v1/tokenize; mind the leading space)")
-    if ids[0] >= vocab_size:
-        raise error(f"{what} {word!r} is token {ids[0]}, beyond the model's vocabulary of {vocab_size}")
-    return ids[0]
+        raise error(f"{what} {word!r} is {len(ids)} tokens {ids} {pieces}, not 1 to SCOREFN_MAX_LABEL_TOKENS="
+                    f"{max_tokens}; pick a shorter word (check with POST /v1/tokenize; mind the leading space)")
+    beyond = [token for token in ids if token >= vocab_size]
+    if beyond:
+        raise error(f"{what} {word!r} is token {beyond[0]}, beyond the model's vocabulary of {vocab_size}")
+    return ids[0] if len(ids) == 1 else tuple(ids)

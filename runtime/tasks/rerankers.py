@@ -74,7 +74,8 @@ class Reranker:
     """A reranker ready to serve: what engine.submit needs and how to read its scores."""
     name: str
     prompt: str  # the rendered template: {query} once, then {document} once
-    label_ids: tuple[int, ...]  # submit()'s label_ids: (yes, no) verbalizer tokens, or (0,): the head's one logit
+    # submit()'s label_ids: the (yes, no) words' token IDs (or tokens' tuples), or (0,): the head's one logit
+    label_ids: tuple[int | tuple[int, ...], ...]
     add_special_tokens: bool = True  # when tokenizing a pair (a chat-rendered prompt has its own)
     words: tuple[str, ...] = ()  # (yes, no); empty for a head
     # A document cut after its first n tokens (max_tokens_per_doc); built from the model's tokenizer.
@@ -122,7 +123,7 @@ def load_specs(path: str) -> tuple[RerankerSpec, ...]:
 
 # ---- resolution against the served model -----------------------------------------------------------
 
-def resolve(spec: RerankerSpec, tokenizer: Any, cfg: Any, max_labels: int) -> Reranker:
+def resolve(spec: RerankerSpec, tokenizer: Any, cfg: Any, max_labels: int, max_label_tokens: int) -> Reranker:
     """The reranker with its prompt rendered and its words as token IDs; RerankerError if it cannot be served."""
     where = f"reranker '{spec.name}'"
     head = cfg.task == "sequence_classification"
@@ -136,15 +137,15 @@ def resolve(spec: RerankerSpec, tokenizer: Any, cfg: Any, max_labels: int) -> Re
     if prompt.count(QUERY) != 1 or prompt.count(DOCUMENT) != 1:
         raise RerankerError(f"{where}: the chat template did not keep {QUERY} and {DOCUMENT} once each: {prompt!r}")
     if head:
-        label_ids: tuple[int, ...] = (0,)
+        label_ids: tuple[int | tuple[int, ...], ...] = (0,)
     else:
         if max_labels < 2:
             raise RerankerError(f"{where}: reads 2 tokens, more than SCOREFN_MAX_LABELS={max_labels}")
-        label_ids = tuple(declarations.single_token(word, tokenizer, cfg.vocab_size, f"{where}: `{key}` word",
-                                                    RerankerError)
+        label_ids = tuple(declarations.verbalizer_tokens(word, tokenizer, cfg.vocab_size, max_label_tokens,
+                                                         f"{where}: `{key}` word", RerankerError)
                           for key, word in (("yes", spec.yes), ("no", spec.no)))
         if label_ids[0] == label_ids[1]:
-            raise RerankerError(f"{where}: `yes` {spec.yes!r} and `no` {spec.no!r} are the same token {label_ids[0]}")
+            raise RerankerError(f"{where}: `yes` {spec.yes!r} and `no` {spec.no!r} are the same tokens {label_ids[0]}")
     # Chat templates write their own special tokens (a BOS among them); tokenizing adds none then, as HF does.
     return Reranker(name=spec.name, prompt=prompt, label_ids=label_ids, add_special_tokens=not spec.chat,
                     words=(spec.yes, spec.no) if spec.yes else (), cut=document_cutter(tokenizer))
@@ -161,7 +162,7 @@ def document_cutter(tokenizer: Any) -> Callable[[str, int], str]:
     return cut
 
 
-def build_rerankers(setting: str, cfg: Any, model_id: str, tokenizer: Any, max_labels: int,
+def build_rerankers(setting: str, cfg: Any, model_id: str, tokenizer: Any, max_labels: int, max_label_tokens: int,
                     taken: tuple[str, ...] = ()) -> tuple[Reranker, ...]:
     """The rerankers the engine serves, checked against the loaded model (called at start-up).
 
@@ -184,7 +185,7 @@ def build_rerankers(setting: str, cfg: Any, model_id: str, tokenizer: Any, max_l
         if clash:
             raise RerankerError(f"reranker names {clash} are already model ids in GET /v1/models (the served model "
                                 "or a classifier); rename them")
-        return tuple(resolve(spec, tokenizer, cfg, max_labels) for spec in specs)
+        return tuple(resolve(spec, tokenizer, cfg, max_labels, max_label_tokens) for spec in specs)
     except RerankerError as exc:
         if setting:
             raise

@@ -101,6 +101,73 @@ class TorchScorer:
         return self._sync(torch.cat(out).cpu().numpy())
 
 
+    def _label_sums(self, hidden, logits_at, labels_rows):
+        """Each row's label tokens' log-probabilities summed: hidden [R, T, D], logits_at [R] the position whose
+        logits predict the row's first label token, labels_rows [R] the labels' tokens."""
+        torch = self.torch
+        sums = []
+        for row, label in enumerate(labels_rows):
+            positions = torch.arange(len(label), device=self.device) + int(logits_at[row])
+            logprobs = torch.log_softmax(self.model.lm_head(hidden[row, positions]).float(), dim=-1)
+            sums.append(logprobs[torch.arange(len(label), device=self.device),
+                                 torch.tensor(label, device=self.device)].double().sum())
+        return torch.stack(sums)
+
+    def score_labels_full(self, prompts: list[list[int]], labels: list[list[int]]):
+        """What a script does for labels of several tokens without a cache: every (prompt, label) sequence in
+        full, right-padded batches, the vocabulary head only at the label's positions. [prompts, labels]."""
+        torch = self.torch
+        pairs = [(prompt, label) for prompt in prompts for label in labels]
+        out = []
+        with torch.inference_mode():
+            for start in range(0, len(pairs), self.batch):
+                chunk = pairs[start:start + self.batch]
+                rows = [prompt + label[:-1] for prompt, label in chunk]
+                ids, mask = self._right_padded(rows)
+                hidden = self.model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+                out.append(self._label_sums(hidden, [len(prompt) - 1 for prompt, _ in chunk],
+                                            [label for _, label in chunk]))
+        return self._sync(torch.cat(out).cpu().numpy().reshape(len(prompts), len(labels)))
+
+    def score_labels_prompt_cached(self, prompts: list[list[int]], labels: list[list[int]]):
+        """The same with each prompt's KV cache computed once and reused for its labels' rows (one batch of
+        len(labels) rows per prompt)."""
+        torch = self.torch
+        out = []
+        with torch.inference_mode():
+            for prompt in prompts:
+                C = len(prompt)
+                first = self.model(input_ids=torch.tensor([prompt], device=self.device), use_cache=True)
+                cache, last = first.past_key_values, first.logits[0, -1].float()
+                cache.batch_repeat_interleave(len(labels))
+                rows = [label[:-1] or [self.pad_id] for label in labels]
+                ids, suffix_mask = self._right_padded(rows)
+                mask = torch.cat([torch.ones((len(rows), C), dtype=torch.long, device=self.device), suffix_mask], 1)
+                positions = torch.arange(C, C + ids.shape[1], device=self.device).expand(len(rows), -1)
+                hidden = self.model.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                          past_key_values=cache, use_cache=True).last_hidden_state
+                first_logprobs = torch.log_softmax(last, dim=-1)
+                sums = []
+                for row, label in enumerate(labels):
+                    total = first_logprobs[label[0]].double()
+                    if len(label) > 1:
+                        logprobs = torch.log_softmax(self.model.lm_head(hidden[row, :len(label) - 1]).float(), -1)
+                        total = total + logprobs[torch.arange(len(label) - 1, device=self.device),
+                                                 torch.tensor(label[1:], device=self.device)].double().sum()
+                    sums.append(total)
+                out.append(torch.stack(sums))
+        return self._sync(torch.stack(out).cpu().numpy())
+
+    def _right_padded(self, rows: list[list[int]]):
+        torch = self.torch
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for row, tokens in enumerate(rows):
+            ids[row, :len(tokens)] = torch.tensor(tokens)
+            mask[row, :len(tokens)] = 1
+        return ids.to(self.device), mask.to(self.device)
+
     def token_logprobs(self, sequences: list[list[int]], top_k: int):
         """Every position's next-token log-probability and top_k alternatives (what /v1/completions echoes),
         right-padded batches, the float32 log-softmax over the vocabulary per batch."""

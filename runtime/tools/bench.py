@@ -8,10 +8,11 @@ transformers with the query's KV cache computed once and reused (W2).
 Workloads: W1 (a 15-token query, items of ~8 tokens, 3 labels; 1, 32 and 256 items per request; 1 item is the
 single-item latency), W2 (one long query x many 20-token items, 1 label: 1000x100, and 2000x500 on
 accelerators or with --peer), W3 (concurrent HTTP clients vs one at a time, and with tracing on vs off; CPU,
-embedded model), W4 (64
-prompts of 256 tokens: every position's log-probability and top 5, as /v1/completions echoes them), W5
+embedded model), W4 (64 prompts of 256 tokens: every position's log-probability and top 5, as /v1/completions echoes them), W5
 (reranking: a 64-token query and 100 documents of 100 tokens in the reranker's template, yes/no labels, prefix
-sharing on and off), Batch (W1-256 as a batch file of W1-256 lines through `scorefn batch` in process, its engine
+sharing on and off), W6 (multiple choice: a 200-token query, 100 items of 20 tokens, 4 labels of 2-8 tokens, as
+label rows; against transformers scoring each (prompt, label) sequence, and with each prompt's KV cache reused for
+its labels), Batch (W1-256 as a batch file of W1-256 lines through `scorefn batch` in process, its engine
 started before the clock, against W1-256's figure of the same run). Every scorefn figure but W3 comes with
 `invariance_cost`: its time with the batch-invariant kernels over without (SCOREFN_BATCH_INVARIANT), alternating
 runs in the same process.
@@ -45,7 +46,7 @@ from runtime.model.loader import load_model, resolve_model_dir
 from runtime.serving import platform as platforms
 from runtime.serving import startup
 from runtime.serving.compose import compose
-from runtime.serving.jobs import Job, common_prefix_length
+from runtime.serving.jobs import Job, common_prefix_length, label_rows, label_scores
 from runtime.serving.store import cache_events, enable_persistent_cache
 from runtime.settings import load_settings
 from runtime.tools.baselines import TorchScorer, random_checkpoint
@@ -53,8 +54,8 @@ from runtime.tools.roofline import padding_report, roofline_report
 from runtime.tools.otlp_receiver import OtlpReceiver
 from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess, scorefn_command
 from runtime.tools.workloads import (BATCH_LINES, FIRST_ID, LORA_SIZE, QWEN3_CONFIG, W1_SIZES, W2_SIZES, W4_SIZE,
-                                     W5_SIZE, random_adapters, w1_batch_file, w1_request, w2_request, w4_prompts,
-                                     w5_request)
+                                     W5_SIZE, W6_SIZE, random_adapters, w1_batch_file, w1_request, w2_request,
+                                     w4_prompts, w5_request, w6_request)
 
 
 
@@ -217,6 +218,29 @@ def run_w5(scorer, settings, loaded, baselines: dict, vocab: int, smoke: bool, q
                                                     max(1, runs // 2)), documents)
         entry[f"torch_{dt}_prefix_cache"] = summarize(timed_runs(
             lambda: torch_scorer.score_prefix_cached(prefix, rests, labels), max(1, runs // 2)), documents)
+    return entry
+
+
+def run_w6(scorer, baselines: dict, vocab: int, smoke: bool, quick: bool, invariant_and_not) -> dict:
+    """Multiple choice at scale: labels of several tokens after each query + item, scored as label rows (the query
+    computed once, each item's rows after it) against transformers scoring every (prompt, label) sequence in full,
+    and against it with each prompt's KV cache reused for its labels."""
+    query_tokens, n_items, item_tokens, label_tokens = (40, 4, 8, (2, 3)) if smoke else W6_SIZE
+    query, items, labels = w6_request(vocab, query_tokens, n_items, item_tokens, label_tokens)
+    prompts = [query + item for item in items]
+    runs = 2 if quick else 5
+
+    def ours(s):
+        return label_scores(s.score_jobs([label_rows(prompts, labels)])[0], labels)[0]
+    entry = {"items": n_items, "labels": len(labels),
+             "scorefn": summarize(timed_runs(lambda: ours(scorer), runs), n_items)}
+    entry["scorefn"]["invariance_cost"] = invariance_cost(invariant_and_not, ours, runs)
+    subset = n_items if smoke else 10  # the full-sequence baseline is linear in items: timed on a subset
+    for dt, torch_scorer in baselines.items():
+        entry[f"torch_{dt}"] = summarize(timed_runs(lambda: torch_scorer.score_labels_full(prompts[:subset], labels),
+                                                    1, warmup=0), subset)
+        entry[f"torch_{dt}_prompt_cache"] = summarize(timed_runs(
+            lambda: torch_scorer.score_labels_prompt_cached(prompts, labels), max(1, runs // 2)), n_items)
     return entry
 
 
@@ -435,6 +459,15 @@ def main(args: argparse.Namespace) -> int:
                 f"{w5[f'torch_{dt}_prefix_cache']['items_per_s']:.1f} documents/s"
     print(line, flush=True)
 
+    report["w6"] = run_w6(scorer, baselines, vocab, smoke, quick, invariant_and_not)
+    w6 = report["w6"]
+    line = f"W6 multiple choice {w6['items']} items x {w6['labels']} labels: scorefn " \
+           f"{w6['scorefn']['items_per_s']:.1f} items/s (invariance {w6['scorefn']['invariance_cost']:.2f}x)"
+    for dt in baselines:
+        line += f" | torch {dt} {w6[f'torch_{dt}']['items_per_s']:.2f}, prompt cache " \
+                f"{w6[f'torch_{dt}_prompt_cache']['items_per_s']:.1f} items/s"
+    print(line, flush=True)
+
     if not config:  # the embedded model (or SCOREFN_MODEL): what `scorefn batch` loads by itself
         batch_items = W1_SIZES[1] if smoke else W1_SIZES[-1]
         report["batch"] = run_batch(vocab, batch_items, 2 if smoke else BATCH_LINES,
@@ -492,7 +525,7 @@ def _summary(report: dict, baselines: dict) -> dict:
             for dt in baselines:
                 summary[f"{name}_vs_torch_{dt}"] = ratio(entry, f"torch_{dt}")
                 summary[f"{name}_vs_torch_{dt}_prefix_cache"] = ratio(entry, f"torch_{dt}_prefix_cache")
-    for name in ("w4", "w5"):
+    for name in ("w4", "w5", "w6"):
         entry = report[name]
         summary[f"{name}_items_per_s"] = round(entry["scorefn"]["items_per_s"], 1)
         for dt in baselines:
@@ -506,11 +539,12 @@ def _summary(report: dict, baselines: dict) -> dict:
     # Time with the batch-invariant kernels over without, per workload (the aim: at most 1.1 on a CPU).
     costs = {f"w1_{n}": entry["scorefn"]["invariance_cost"] for n, entry in report["w1"].items()}
     costs |= {name: report[name]["scorefn"]["invariance_cost"]
-              for name in ("w2", "w2_peer", "w4", "w5") if name in report}
+              for name in ("w2", "w2_peer", "w4", "w5", "w6") if name in report}
     summary["invariance_cost"] = costs
     summary["w5_sharing_vs_not"] = ratio(report["w5"], "scorefn_no_sharing")
     for dt in baselines:
         summary[f"w5_vs_torch_{dt}_prefix_cache"] = ratio(report["w5"], f"torch_{dt}_prefix_cache")
+        summary[f"w6_vs_torch_{dt}_prompt_cache"] = ratio(report["w6"], f"torch_{dt}_prompt_cache")
     if "w3" in report:
         w3 = report["w3"]
         summary["w3_concurrent_vs_serial"] = round(w3["concurrent"]["items_per_s"] / w3["serial"]["items_per_s"], 3)

@@ -6,6 +6,7 @@ W2: one long query x many 20-token items, 1 label: 1000x100, and 2000x500 (the p
 W4: 64 prompts of 256 tokens, every position's log-probability and top 5 (as /v1/completions echoes them).
 W5: reranking, as the built-in yes/no reranker lays a pair out: template head, a 64-token query, 100 documents of
 100 tokens, template tail, yes/no labels.
+W6: multiple choice at scale: a 200-token query, 100 items of 20 tokens, 4 labels (answer texts) of 2-8 tokens.
 Batch: W1-256 as a batch file, each line one W1-256 request (`scorefn batch` in process, against W1-256's figure).
 LoRA: 8 seeded random adapters of rank 16 on every projection; W1-256 as 8 requests of 32 items, one adapter each
 (one device round mixes them), and W2 with one adapter, against the base model on the same requests.
@@ -28,6 +29,7 @@ W1_QUERY, W1_ITEM = 15, 8  # tokens (RFC-000's table: a short classification pro
 W2_SIZES = {"w2": (1000, 100, 20), "w2_peer": (2000, 500, 20)}  # query tokens, items, item tokens
 W4_SIZE = (64, 256, 5)  # prompts, tokens each, top alternatives per position (echo + logprobs)
 W5_SIZE = (27, 64, 100, 100, 22)  # head tokens, query tokens, documents, document tokens, tail tokens
+W6_SIZE = (200, 100, 20, (2, 4, 6, 8))  # query tokens, items, item tokens, each label's tokens
 LORA_SIZE = (8, 16, 8)  # adapters, rank, requests W1-256 is split into
 BATCH_LINES = 16  # W1-256 requests in the batch file
 FIRST_ID = 100  # generated token IDs avoid the low IDs most vocabularies reserve for special tokens
@@ -84,6 +86,15 @@ def w5_request(vocab: int, head: int, query: int, documents: int, document_token
     prefix, end = token_ids(rng, vocab, head + query), token_ids(rng, vocab, tail)
     rests = [token_ids(rng, vocab, document_tokens) + end for _ in range(documents)]
     return prefix, rests, token_ids(rng, vocab, 2)
+
+
+def w6_request(vocab: int, query_tokens: int, items: int, item_tokens: int, label_tokens: tuple[int, ...]
+               ) -> tuple[list[int], list[list[int]], list[list[int]]]:
+    """(the query, each item's own tokens, the labels' tokens)."""
+    rng = np.random.default_rng(6)
+    query = token_ids(rng, vocab, query_tokens)
+    return query, [token_ids(rng, vocab, item_tokens) for _ in range(items)], \
+        [token_ids(rng, vocab, n) for n in label_tokens]
 
 
 def workloads(vocab: int) -> dict[str, tuple[list, str]]:

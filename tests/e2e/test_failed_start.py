@@ -52,12 +52,13 @@ def assert_exited_naming(result: tuple[int, float, list[str]], *fragments: str) 
     return failure
 
 
-def test_a_two_token_verbalizer_names_the_classifier_label_and_word(tmp_path):
+def test_a_verbalizer_longer_than_a_label_may_be_names_the_classifier_label_and_word(tmp_path):
     toml = tmp_path / "classifiers.toml"
     toml.write_text('[[classifier]]\nname = "mood"\ntemplate = "Text: {input}\\nMood:"\n'
                     'labels = { happy = " happy", grumpy = " grumpily" }\n')
-    assert_exited_naming(failed_start(tmp_path, SCOREFN_CLASSIFIERS=str(toml)),
-                         "ClassifierError", "classifier 'mood'", "label 'grumpy'", "' grumpily'")
+    assert_exited_naming(failed_start(tmp_path, SCOREFN_CLASSIFIERS=str(toml), SCOREFN_MAX_LABEL_TOKENS="1"),
+                         "ClassifierError", "classifier 'mood'", "label 'grumpy'", "' grumpily'",
+                         "SCOREFN_MAX_LABEL_TOKENS=1")
 
 
 def test_a_missing_dependency(tmp_path):

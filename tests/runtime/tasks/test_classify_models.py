@@ -13,6 +13,8 @@ from handler.core import ScoringCore
 from handler.http import HttpRequest, PendingScore
 from runtime.serving.engine import Engine
 from runtime.settings import load_settings
+from runtime.tasks.classifiers import BUILTIN_TOML
+from tests.runtime.model.test_label_tokens import torch_label_sums
 from tests.runtime.conftest import random_sequences, scorer_for, small_plan, tiny_checkpoint, tiny_served
 
 pytestmark = pytest.mark.slow
@@ -126,12 +128,23 @@ def test_classification_model_over_the_api(head_service):
 
 # ---- kind 2: the built-in verbalizer classifier on the embedded model ---------------------------------
 
+MOOD_TOML = """
+[[classifier]]
+name = "mood"
+template = "Review: {input}\\nThe reviewer's mood was"
+labels = { delighted = " very happy", annoyed = " grumpily annoyed", calm = " calm" }
+"""
+
+
 @pytest.fixture(scope="module")
 def embedded_service(tmp_path_factory, cache_dir):
     # Batches of 4 and items in pairs: two inputs cost less after their shared template than in full, whatever
-    # price of a device batch the start measures (runtime.serving.jobs.shared_prefix_length).
-    settings = engine_settings(tmp_path_factory.mktemp("embedded"), cache_dir, batch_buckets=(4,),
-                               suffix_batch_buckets=(2,))
+    # price of a device batch the start measures (runtime.serving.jobs.shared_prefix_length). The built-in
+    # sentiment classifier first (the default), then one whose words are several tokens.
+    tmp = tmp_path_factory.mktemp("embedded")
+    (tmp / "classifiers.toml").write_text(BUILTIN_TOML + MOOD_TOML)
+    settings = engine_settings(tmp, cache_dir, batch_buckets=(4,), suffix_batch_buckets=(2,),
+                               classifiers=str(tmp / "classifiers.toml"))
     engine = Engine(settings)
     engine.start()
     yield ScoringCore(settings, engine), engine
@@ -141,7 +154,7 @@ def embedded_service(tmp_path_factory, cache_dir):
 def test_sentiment_is_right_and_equals_the_verbalizer_logits_of_transformers(embedded_service, torch_embedded):
     core, engine = embedded_service
     model, tokenizer = torch_embedded
-    (classifier,) = engine.classifiers
+    classifier = engine.classifiers[0]
     assert classifier.name == "sentiment" and classifier.label_ids == (POSITIVE, NEGATIVE)
 
     status, body = post(core, "/v1/classify", {"input": [LOVED, HATED]})  # one request: the shared-prefix path
@@ -165,6 +178,22 @@ def test_sentiment_is_right_and_equals_the_verbalizer_logits_of_transformers(emb
     np.testing.assert_allclose([entry["probs"] for entry in raw["data"]], expected_raw, atol=1e-3, rtol=0)
 
 
+def test_words_of_several_tokens_are_the_sums_of_their_tokens_in_transformers(embedded_service, torch_embedded):
+    core, engine = embedded_service
+    model, tokenizer = torch_embedded
+    mood = engine.classifiers[1]
+    assert [isinstance(label, tuple) for label in mood.label_ids] == [True, True, False]
+    status, body = post(core, "/v1/classify", {"input": [LOVED, HATED], "model": "mood", "use_activation": False})
+    assert status == 200, body
+    sequences = [tokenizer.encode(mood.render(text), add_special_tokens=False) for text in (LOVED, HATED)]
+    labels = [[label] if isinstance(label, int) else list(label) for label in mood.label_ids]
+    expected = torch_label_sums(model, sequences, labels)
+    np.testing.assert_allclose([entry["probs"] for entry in body["data"]], expected, atol=1e-4, rtol=0)
+    status, body = post(core, "/v1/classify", {"input": [LOVED, HATED], "model": "mood"})
+    np.testing.assert_allclose([entry["probs"] for entry in body["data"]], scipy.special.softmax(expected, axis=1),
+                               atol=1e-4, rtol=0)
+
+
 def test_verbalizer_truncation_and_models(embedded_service):
     core, engine = embedded_service
     status, body = post(core, "/v1/classify", {"input": LOVED, "truncate_prompt_tokens": 5, "model": "sentiment"})
@@ -175,7 +204,8 @@ def test_verbalizer_truncation_and_models(embedded_service):
     assert status == 200 and body["usage"]["prompt_tokens"] == 64
     cards = json.loads(core.begin(HttpRequest("GET", "/v1/models", {}, b"")).body)["data"]
     assert [(card["id"], card.get("labels")) for card in cards] == [
-        ("SmolLM2-135M-Instruct", None), ("sentiment", ["positive", "negative"]), ("relevance", None)]  # + reranker
+        ("SmolLM2-135M-Instruct", None), ("sentiment", ["positive", "negative"]),
+        ("mood", ["delighted", "annoyed", "calm"]), ("relevance", None)]  # + reranker
 
 
 # ---- a ShieldGemma-style declaration (the docs') on a tiny Gemma 2 --------------------------------

@@ -90,7 +90,7 @@ def test_head_relevance_matches_transformers_and_shares_the_query(family, tmp_pa
 
     model = tiny_served(family, tmp_path, embedded_dir, num_labels=1, pad_token_id=0)
     tokenizer = load_tokenizer(tmp_path)
-    (reranker,) = build_rerankers("", load_config(tmp_path), "tiny", tokenizer, 16)
+    (reranker,) = build_rerankers("", load_config(tmp_path), "tiny", tokenizer, 16, 8)
     plan = dict(lengths=(16, 32), batches=(1, 8), suffix_lengths=(16, 32), suffix_batches=(4,))
     shared = scorer_for(tmp_path, plan=small_plan(prefix_sharing=True, **plan))
     full = scorer_for(tmp_path, plan=small_plan(prefix_sharing=False, **plan))

@@ -27,6 +27,7 @@ assistant_prefix = "Answer:"
 yes = " yes"
 no = " no"
 '''
+TOO_LONG = " grumpily" * 5  # more tokens than SCOREFN_MAX_LABEL_TOKENS (8)
 
 
 def _toml(**fields: str) -> str:
@@ -91,7 +92,7 @@ def test_load_specs(tmp_path):
 
 def test_builtin_relevance_resolves_to_single_tokens(tokenizer):
     (spec,) = load_specs("")
-    reranker = resolve(spec, tokenizer, _causal_config(), 16)
+    reranker = resolve(spec, tokenizer, _causal_config(), 16, 8)
     assert reranker.label_ids == (YES, NO) and reranker.is_verbalizer and reranker.words == (" Yes", " No")
     assert reranker.prompt.startswith("<|im_start|>system\n") and reranker.prompt.endswith(
         "<|im_start|>assistant\n" + spec.assistant_prefix)
@@ -105,53 +106,54 @@ def test_bad_words_fail_naming_everything(tokenizer):
     (spec,) = parse_rerankers(_toml(name='"grumpy"', yes='" grumpily"'), "t")
     ids = tokenizer.encode(" grumpily", add_special_tokens=False)
     assert len(ids) > 1
+    assert resolve(spec, tokenizer, _causal_config(), 16, 8).label_ids[0] == tuple(ids)  # a word of several tokens
     with pytest.raises(RerankerError) as caught:
-        resolve(spec, tokenizer, _causal_config(), 16)
+        resolve(spec, tokenizer, _causal_config(), 16, len(ids) - 1)
     message = str(caught.value)
     assert "reranker 'grumpy'" in message and "`yes` word ' grumpily'" in message and str(ids) in message
     assert all(piece in message for piece in tokenizer.convert_ids_to_tokens(ids))
     (same,) = parse_rerankers(_toml(no='" yes"'), "t")
     with pytest.raises(RerankerError, match="are the same token"):
-        resolve(same, tokenizer, _causal_config(), 16)
+        resolve(same, tokenizer, _causal_config(), 16, 8)
     (spec,) = parse_rerankers(_toml(), "t")
     with pytest.raises(RerankerError, match="reads 2 tokens, more than SCOREFN_MAX_LABELS=1"):
-        resolve(spec, tokenizer, _causal_config(), 1)
+        resolve(spec, tokenizer, _causal_config(), 1, 8)
     with pytest.raises(RerankerError, match="beyond the model's vocabulary of 100"):
-        resolve(spec, tokenizer, _causal_config(100), 16)
+        resolve(spec, tokenizer, _causal_config(100), 16, 8)
 
     class NoChatTemplate:
         chat_template = None
 
     (chat,) = parse_rerankers(_toml(chat="true"), "t")
     with pytest.raises(RerankerError, match="has no chat template"):
-        resolve(chat, NoChatTemplate(), _causal_config(), 16)
+        resolve(chat, NoChatTemplate(), _causal_config(), 16, 8)
 
 
 def test_words_must_match_the_kind_of_model(tokenizer):
     (verbalizer,) = parse_rerankers(_toml(), "t")
     with pytest.raises(RerankerError, match="need a causal language model.*Qwen3ForSequenceClassification"):
-        resolve(verbalizer, tokenizer, _head_config(), 16)
+        resolve(verbalizer, tokenizer, _head_config(), 16, 8)
     (head,) = parse_rerankers(_toml(yes="", no=""), "t")
     with pytest.raises(RerankerError, match="declare a `yes` and a `no` word"):
-        resolve(head, tokenizer, _causal_config(), 16)
-    reranker = resolve(head, tokenizer, _head_config(), 16)
+        resolve(head, tokenizer, _causal_config(), 16, 8)
+    reranker = resolve(head, tokenizer, _head_config(), 16, 8)
     assert reranker.label_ids == (0,) and not reranker.is_verbalizer and reranker.add_special_tokens
 
 
 def test_build_for_a_causal_lm(tokenizer, tmp_path, caplog):
     cfg = _causal_config()
-    (builtin,) = build_rerankers("", cfg, "m", tokenizer, 16, ("sentiment",))
+    (builtin,) = build_rerankers("", cfg, "m", tokenizer, 16, 8, ("sentiment",))
     assert builtin.name == "relevance"
     path = tmp_path / "r.toml"
-    path.write_text(_toml(no='" grumpily"'))
+    path.write_text(_toml(no=f'"{TOO_LONG}"'))
     with pytest.raises(RerankerError, match="`no` word"):  # a declared reranker that does not fit: start fails
-        build_rerankers(str(path), cfg, "m", tokenizer, 16)
+        build_rerankers(str(path), cfg, "m", tokenizer, 16, 8)
     path.write_text(_toml(name='"sentiment"'))
     with pytest.raises(RerankerError, match=r"\['sentiment'\] are already model ids"):
-        build_rerankers(str(path), cfg, "m", tokenizer, 16, ("sentiment",))
+        build_rerankers(str(path), cfg, "m", tokenizer, 16, 8, ("sentiment",))
     path.write_text(_toml(name='"m"'))
     with pytest.raises(RerankerError, match=r"\['m'\] are already model ids"):
-        build_rerankers(str(path), cfg, "m", tokenizer, 16)
+        build_rerankers(str(path), cfg, "m", tokenizer, 16, 8)
 
     class OtherTokenizer:  # a model whose tokenizer splits the built-in words
         chat_template = "{{ messages[0]['content'] }}"
@@ -166,26 +168,26 @@ def test_build_for_a_causal_lm(tokenizer, tmp_path, caplog):
             return [chr(i) for i in ids]
 
     with caplog.at_level(logging.WARNING, logger="scorefn.runtime"):
-        assert build_rerankers("", cfg, "m", OtherTokenizer(), 16) == ()  # the built-in one is dropped, loudly
-        assert build_rerankers("", cfg, "m", tokenizer, 16, ("relevance",)) == ()  # its name is a classifier's
+        assert build_rerankers("", cfg, "m", OtherTokenizer(), 16, 1) == ()  # words of 3-4 tokens: dropped, loudly
+        assert build_rerankers("", cfg, "m", tokenizer, 16, 8, ("relevance",)) == ()  # its name is a classifier's
     assert caplog.text.count("built-in reranker dropped") == 2
 
 
 def test_build_for_a_classification_model(tokenizer, tmp_path):
-    (own,) = build_rerankers("", _head_config(), "my-reranker", tokenizer, 16, ("my-reranker",))
+    (own,) = build_rerankers("", _head_config(), "my-reranker", tokenizer, 16, 8, ("my-reranker",))
     assert own.name == "my-reranker" and own.prompt == HEAD_TEMPLATE and own.label_ids == (0,)
     assert own.render("q", "d") == "qd" and own.add_special_tokens  # vLLM's pair: the texts joined
-    assert build_rerankers("", _head_config(3), "three-labels", tokenizer, 16) == ()  # not a reranker
+    assert build_rerankers("", _head_config(3), "three-labels", tokenizer, 16, 8) == ()  # not a reranker
     path = tmp_path / "r.toml"
     path.write_text(_toml(name='"my-reranker"', template='"<Query>: {query}\\n<Document>: {document}"', yes="",
                           no=""))
-    (declared,) = build_rerankers(str(path), _head_config(), "my-reranker", tokenizer, 16, ("my-reranker",))
+    (declared,) = build_rerankers(str(path), _head_config(), "my-reranker", tokenizer, 16, 8, ("my-reranker",))
     assert declared.render("q", "d") == "<Query>: q\n<Document>: d" and declared.label_ids == (0,)
     with pytest.raises(RerankerError, match="reads a one-label head.*has 3 labels"):
-        build_rerankers(str(path), _head_config(3), "m", tokenizer, 16)
+        build_rerankers(str(path), _head_config(3), "m", tokenizer, 16, 8)
     path.write_text(_toml())
     with pytest.raises(RerankerError, match="need a causal language model"):
-        build_rerankers(str(path), _head_config(), "m", tokenizer, 16)
+        build_rerankers(str(path), _head_config(), "m", tokenizer, 16, 8)
 
 
 def test_documents_are_cut_after_their_nth_token(tokenizer):
@@ -218,7 +220,7 @@ def test_bad_reranker_fails_warm_up_loudly(cache_dir, tmp_path, caplog):
     from runtime.settings import load_settings
 
     path = tmp_path / "rerankers.toml"
-    path.write_text(_toml(name='"moody"', yes='" grumpily"'))
+    path.write_text(_toml(name='"moody"', yes=f'"{TOO_LONG}"'))
     settings = load_settings(environ={}, cache_dir=str(cache_dir), compile_cache_dir=str(tmp_path / "xla"),
                              rerankers=str(path), length_buckets=(16,), batch_buckets=(1,))
     core = ScoringCore(settings, Engine(settings))
@@ -226,7 +228,7 @@ def test_bad_reranker_fails_warm_up_loudly(cache_dir, tmp_path, caplog):
         warm_up(core)
     assert not core.ready and core.engine.stats()["compiles"] == 0
     (record,) = [r for r in caplog.records if "engine start failed" in r.getMessage()]
-    assert "reranker 'moody': `yes` word ' grumpily' is" in str(record.exc_info[1])
+    assert f"reranker 'moody': `yes` word {TOO_LONG!r} is" in str(record.exc_info[1])
 
 
 def test_the_documented_declarations_parse_and_show_the_builtin():
