@@ -139,10 +139,10 @@ def _mode(is_text: bool) -> str:
 def _labels(raw: msgspec.Raw, texts_raw: msgspec.Raw, query_is_text: bool, vocab_size: int,
             max_tokens: int) -> tuple[list[int | list[int]], list[str] | None]:
     """label_token_ids (token IDs, or lists of them), or `labels` (text, tokenized later: returned as texts)."""
-    if is_given(texts_raw):
-        if is_given(raw):
+    if texts_raw is not msgspec.UNSET:  # `labels` sent: null is not a list of strings (the schema's oneOf)
+        if raw is not msgspec.UNSET:
             raise ApiError("conflicting_labels", "give label_token_ids or labels, not both", "labels")
-        texts = decode_field(texts_raw, list[str], "labels")
+        texts = decode_field(texts_raw, list[str], "labels") if is_given(texts_raw) else INVALID
         if texts is INVALID:
             raise ApiError("invalid_labels_type", "labels must be a list of strings", "labels")
         if not texts:

@@ -142,9 +142,13 @@ def run(spec: dict) -> dict:
                  "compiler_options": scorer.exe.compiler_options,
                  "devices": scorer.exe.fingerprint_parts["devices"], "executables": rows}
         if "memory_fraction" in case:  # the build-time out-of-memory check, against a device made small
+            # (with preallocation, as a GPU runs by default: a caller's XLA_PYTHON_CLIENT_PREALLOCATE=false offers it all)
+            preallocate = os.environ.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
             os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(case["memory_fraction"])
             entry["memory_problems"] = memory_problems(rows, target)
             del os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]
+            if preallocate is not None:
+                os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = preallocate
         if case.get("start_side"):
             rng = np.random.default_rng(0)
             arrays = {name: (rng.standard_normal(shape) * 0.02).astype(np.float32)

@@ -34,6 +34,13 @@ def test_every_comparison_is_bitwise_equal_with_the_invariant_kernels(gpu):
     assert found["prefix_batches"] > 0 and found["prefix_equal"][0] == found["prefix_equal"][1], found
 
 
+def test_labels_of_several_tokens_keep_their_bits(gpu):
+    named, vocab, _ = gpu
+    found = gpu_checks.label_invariance(named["invariant"][0], vocab)
+    assert found["together_alone_equal"][0] == found["together_alone_equal"][1], found
+    assert found["first_token_equal_single_path"], found
+
+
 def test_the_invariant_kernels_are_within_the_bfloat16_rule(gpu):
     named, vocab, model_dir = gpu
     found = gpu_checks.exactness(named, model_dir, vocab)

@@ -88,6 +88,10 @@ def test_token_logprobs_of_one_token_labels(client: Client) -> None:
     (dict(label_token_ids=..., labels=["ok", ""]), "empty_label", "labels"),
     (dict(label_token_ids=..., labels=["a", "b", 3]), "invalid_labels_type", "labels"),
     (dict(label_token_ids=..., labels=["x"] * 17), "too_many_labels", "labels"),
+    # null is not a list of strings, and `labels` beside label_token_ids (even null) breaks the schema's oneOf
+    (dict(labels=None), "conflicting_labels", "labels"),
+    (dict(label_token_ids=..., labels=None), "invalid_labels_type", "labels"),
+    (dict(label_token_ids=None, labels=["a"]), "conflicting_labels", "labels"),
 ])
 def test_bad_labels(client: Client, engine: FakeEngine, fields: dict, code: str, param: str) -> None:
     reply = client.post("/v1/score", json=score_body(**fields))
