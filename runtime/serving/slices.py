@@ -79,7 +79,7 @@ class Slice:
         changes = {"sequences": job.sequences[self.start:self.stop]}
         if hasattr(job, "sampling"):  # a TokenJob: one Sampling per sequence
             changes["sampling"] = job.sampling[self.start:self.stop]
-        elif job.targets is not None:  # a Job of labels of several tokens: one label a row
+        elif getattr(job, "targets", None) is not None:  # a Job of labels of several tokens: one label a row
             changes["targets"] = job.targets[self.start:self.stop]
         return dataclasses.replace(job, **changes)
 

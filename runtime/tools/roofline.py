@@ -42,7 +42,8 @@ class Recorder:
 
     def __call__(self, method: str, key: tuple, *args: Any):
         self.calls.append((method, key))
-        return (None, None) if method == "prefill_context" else None
+        # What the scorer unpacks: a context's keys and values, a forward pass's pooled rows and label tails.
+        return (None, None) if PROGRAMS[method].kind in ("context", "full", "continuation") else None
 
 
 def needed_tokens(jobs: list) -> int:

@@ -39,6 +39,7 @@ def test_every_sequence_lands_once_in_a_compiled_bucket_with_the_programs_arrays
             assert batch.bucket in buckets and len(batch.members) <= batch.head_batch
             assert batch.padded_tokens >= sum(sizes[i] for i in batch.members)
             arrays = batch.arrays(sequences, [i % 3 for i in range(len(sizes))], start)
+            arrays = (*arrays[:-1], batch.targets(None, p.label_tokens), arrays[-1])  # as the scorer passes them
             bucket = (16, *batch.bucket) if program is layout.continuation_program else batch.bucket
             specs = program.args(bucket, SHAPES)[-len(arrays):]  # the token arguments (after a context's)
             assert [(a.shape, str(a.dtype)) for a in arrays] == [(tuple(s), d) for s, d in specs]

@@ -94,7 +94,9 @@ def test_batch_invariance_is_on_by_default_on_a_cpu_only():
     assert invariant("cpu") and not invariant("gpu") and not invariant("tpu")
     assert not invariant("cpu", SCOREFN_BATCH_INVARIANT="false") and invariant("gpu", SCOREFN_BATCH_INVARIANT="true")
     gpu = resolve(load_settings(environ={"SCOREFN_BATCH_INVARIANT": "true"}), backend="gpu")
-    assert gpu.kernels.attention == "xla" and isinstance(gpu.layout, GridLayout)  # what the invariant kernels run
+    assert gpu.kernels.attention == "pallas" and isinstance(gpu.layout, GridLayout)  # what the invariant kernels run
+    tpu = resolve(load_settings(environ={"SCOREFN_BATCH_INVARIANT": "true"}), backend="tpu")
+    assert tpu.kernels.attention == "xla" and isinstance(tpu.layout, GridLayout)
     assert not invariant("cpu", SCOREFN_ATTENTION="cudnn")  # auto yields to an explicit choice it cannot run
 
 
