@@ -21,6 +21,19 @@ if SERVE_ONLY.is_file():
     os.environ.setdefault("SCOREFN_SERVE_EXECUTABLE", str(SERVE_ONLY))
 
 
+# One JAX persistent compilation cache for the programs the tests compile in this process (scorers built by the
+# tests): a program several tests build compiles once a run. Engines and servers point JAX at their own cache
+# (SCOREFN_COMPILE_CACHE_DIR, often a test's temporary one); every test starts with this one again.
+TEST_COMPILE_CACHE = REPO / ".cache" / "test-xla"
+
+
+@pytest.fixture(autouse=True)
+def _shared_compile_cache():
+    from runtime.serving.store import enable_persistent_cache
+
+    enable_persistent_cache(TEST_COMPILE_CACHE)
+
+
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     return CACHE_DIR
