@@ -175,14 +175,7 @@ class TorchScorer:
         out = []
         with torch.inference_mode():
             for start in range(0, len(sequences), self.batch):
-                chunk = sequences[start:start + self.batch]
-                width = max(len(s) for s in chunk)
-                ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
-                mask = torch.zeros((len(chunk), width), dtype=torch.long)
-                for row, seq in enumerate(chunk):
-                    ids[row, :len(seq)] = torch.tensor(seq)
-                    mask[row, :len(seq)] = 1
-                ids, mask = ids.to(self.device), mask.to(self.device)
+                ids, mask = self._right_padded(sequences[start:start + self.batch])
                 logprobs = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
                 chosen = logprobs[:, :-1].gather(2, ids[:, 1:, None])[..., 0]
                 top = logprobs.topk(top_k, dim=-1)

@@ -170,19 +170,14 @@ def w4_speed(named: dict, model_dir: Path, vocab: int, repeats: int = 3) -> dict
     """W4 (64 prompts of 256 tokens, every position's log-probability and top 5): prompts/s of each scorer and of
     the transformers script (bfloat16, batches of 64), medians after one warm run."""
     from runtime.tools.baselines import TorchScorer
+    from runtime.tools.bench import timed_runs
     from runtime.tools.workloads import W4_SIZE, w4_prompts
 
     prompts, tokens, top_k = W4_SIZE
     sample = w4_prompts(vocab, prompts, tokens)
 
     def rate(fn):
-        fn()
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - started)
-        return prompts / float(np.median(times))
+        return prompts / float(np.median(timed_runs(fn, repeats)))
     out = {kind: rate(lambda: scorer.token_logprobs(sample)) for kind, (scorer, _) in named.items()}
     torch_scorer = TorchScorer(model_dir, "bfloat16", pad_id=0, batch=64)
     out["torch_bfloat16"] = rate(lambda: torch_scorer.token_logprobs(sample, top_k))
