@@ -100,7 +100,6 @@ class ScoringEngine(Protocol):
     model_id: str
     vocab_size: int  # logit dimension: valid token IDs are 0 .. vocab_size - 1
     max_sequence_length: int  # largest length bucket
-    max_label_tokens: int  # the most tokens of one label
     task: str  # "causal_lm" (/v1/score and verbalizer classifiers) or "sequence_classification" (/v1/classify only)
     classifiers: tuple[Classifier, ...]  # what /v1/classify serves, the first one by default (known once ready)
     rerankers: tuple[Reranker, ...]  # what /v1/rerank serves, the first one by default (known once ready)
@@ -123,7 +122,7 @@ class ScoringEngine(Protocol):
                request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future[ScoreResult]:
         """Queue sequences for scoring; raises QueueFull at once when the engine refuses more work (the request's
         predicted wait for the device is over SCOREFN_MAX_WAIT_S, or the queue is full). A label is a token ID, or
-        a list of token IDs (a label of several tokens, at most max_label_tokens: its log-probability is the sum of
+        a list of token IDs (a label of several tokens, at most SCOREFN_MAX_LABEL_TOKENS: its log-probability is the sum of
         its tokens', each after the sequence and the label's tokens before it; ScoreResult.token_logprobs has
         them).
 

@@ -39,7 +39,6 @@ class Engine:
         self.plan: BucketPlan | None = None  # and the platform: known once started (they need JAX's backend)
         self.platform = None
         self.max_sequence_length = self.settings.length_buckets[-1]
-        self.max_label_tokens = self.settings.max_label_tokens
         self.model_id = self.settings.model_id or default_model_id(self.settings.model)
         self.vocab_size = 0  # known once the model is loaded
         self.task = "causal_lm"  # known once the model is loaded: causal_lm | sequence_classification

@@ -1,6 +1,6 @@
 """What the engine is asked to compute (a request's sequences and what to read from them), and how a request's
-sequences are split into a shared prefix and the items after it. Pure Python (and NumPy): admission, the cost model and the
-scorer share it."""
+sequences are split into a shared prefix and the items after it. Pure Python and NumPy: admission, the cost model
+and the scorer share it."""
 
 from __future__ import annotations
 

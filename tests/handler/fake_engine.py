@@ -28,7 +28,6 @@ class FakeEngine:
     model_id = "fake-model"
     vocab_size = 1000
     max_sequence_length = 64
-    max_label_tokens = 8
     task = "causal_lm"
     classifiers: tuple = ()  # tests/handler/test_classify.py installs some
     rerankers: tuple = ()  # tests/handler/test_rerank.py installs some
