@@ -78,7 +78,7 @@ def plan_work(plan: BucketPlan, jobs: Sequence[Job | TokenJob], rope_length_limi
     for job in jobs:
         if isinstance(job, TokenJob):
             token_rows += map(len, job.sequences)
-        elif shared := shared_prefix_length(plan, job.sequences, rope_length_limit):
+        elif shared := shared_prefix_length(plan, job, rope_length_limit):
             rests = sorted((len(seq) - shared for seq in job.sequences), reverse=True)
             work += Work(batches=1, context=fit(plan.contexts(), shared))
             work += Work.of("continuation", plan.split_suffixes(rests))
@@ -97,7 +97,7 @@ def shared_slice_rows(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: 
     """The fewest of a request's rows worth computing in one slice of it: with a shared prefix, the items of its
     first device batch after the prefix (fewer would pad that batch, or score in full: the prefix is then not worth
     sharing); otherwise 1 (rows of a slice share device batches with other requests' rows)."""
-    if isinstance(job, TokenJob) or not (shared := shared_prefix_length(plan, job.sequences, rope_length_limit)):
+    if isinstance(job, TokenJob) or not (shared := shared_prefix_length(plan, job, rope_length_limit)):
         return 1
     return len(plan.split_suffixes([len(seq) - shared for seq in job.sequences])[0].members)
 

@@ -62,16 +62,28 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     return length
 
 
-def shared_prefix_length(plan: BucketPlan, sequences: Sequence[Sequence[int]], rope_length_limit: int | None) -> int:
-    """Tokens of the sequences' common prefix to compute once, or 0 when scoring them in full costs less: fewer
+def shareable_prefix(job: Job) -> int:
+    """The most leading tokens of a request's rows one shared context may compute: their common prefix, short of
+    the first position any row reads (its last, or the first of its label's tail), which must lie in the row's own
+    suffix: the context's positions give keys and values, not outputs."""
+    if len(job.sequences) < 2:
+        return 0
+    reads = job.targets or [()] * len(job.sequences)
+    first_read = min(len(seq) - max(len(read), 1) for seq, read in zip(job.sequences, reads))
+    return max(min(common_prefix_length(job.sequences), first_read), 0)
+
+
+def shared_prefix_length(plan: BucketPlan, job: Job, rope_length_limit: int | None) -> int:
+    """Tokens of a request's shareable prefix to compute once, or 0 when scoring its rows in full costs less: fewer
     padded tokens plus the plan's price of a device batch for each. Longer sequences than `rope_length_limit` change
     their RoPE frequencies (dynamic, longrope), so the context's keys would differ from each item's own: such
     requests are scored in full."""
+    sequences = job.sequences
     if not plan.prefix_sharing or len(sequences) < 2:
         return 0
     if rope_length_limit is not None and max(map(len, sequences)) > rope_length_limit:
         return 0
-    shared = min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
+    shared = shareable_prefix(job)
     rests = sorted((len(s) - shared for s in sequences), reverse=True)
     contexts = plan.contexts()
     if shared == 0 or rests[0] > plan.max_suffix or not contexts or shared > contexts[-1]:

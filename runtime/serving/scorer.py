@@ -112,7 +112,7 @@ class Scorer:
             rows = [Row(j, i, seq, target) for i, (seq, target) in enumerate(zip(job.sequences, targets))]
             if isinstance(job, TokenJob):
                 token_rows += rows
-            elif shared := shared_prefix_length(self.plan, job.sequences, self.rope_length_limit):
+            elif shared := shared_prefix_length(self.plan, job, self.rope_length_limit):
                 pending += self._dispatch_after_prefix(rows, jobs, shared)
             else:
                 full_rows += rows

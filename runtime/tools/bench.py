@@ -46,7 +46,7 @@ from runtime.model.loader import load_model, resolve_model_dir
 from runtime.serving import platform as platforms
 from runtime.serving import startup
 from runtime.serving.compose import compose
-from runtime.serving.jobs import Job, common_prefix_length, label_rows, label_scores
+from runtime.serving.jobs import Job, label_rows, label_scores, shareable_prefix
 from runtime.serving.store import cache_events, enable_persistent_cache
 from runtime.settings import load_settings
 from runtime.tools.baselines import TorchScorer, random_checkpoint
@@ -113,7 +113,7 @@ def sequence_flops(cfg, tokens: int, start: int = 0) -> float:
 
 def request_flops(cfg, sequences: list[list[int]]) -> float:
     """FLOPs the math needs: a shared prefix counts once (as scorefn computes it), so MFU is not flattered."""
-    shared = min(common_prefix_length(sequences), min(map(len, sequences)) - 1) if len(sequences) > 1 else 0
+    shared = shareable_prefix(Job(sequences, ()))
     return sequence_flops(cfg, shared) + sum(sequence_flops(cfg, len(s) - shared, shared) for s in sequences)
 
 

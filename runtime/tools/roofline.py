@@ -23,7 +23,7 @@ from runtime.model import lora
 from runtime.model.transformer import rope_length_limit
 from runtime.serving import platform as platforms
 from runtime.serving.compose import bucket_plan, compose
-from runtime.serving.jobs import Job, common_prefix_length
+from runtime.serving.jobs import Job, shareable_prefix
 from runtime.serving.programs import PROGRAMS
 from runtime.serving.scorer import Scorer
 from runtime.serving.targets import parse_target
@@ -51,8 +51,7 @@ def needed_tokens(jobs: list) -> int:
     total = 0
     for job in jobs:
         lengths = [len(s) for s in job.sequences]
-        shared = min(common_prefix_length(job.sequences), min(lengths) - 1) \
-            if isinstance(job, Job) and len(lengths) > 1 else 0
+        shared = shareable_prefix(job) if isinstance(job, Job) else 0
         total += shared + sum(n - shared for n in lengths)
     return total
 

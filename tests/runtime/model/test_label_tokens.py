@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.serving.jobs import label_rows, label_scores
+from runtime.serving.jobs import Job, label_rows, label_scores, shareable_prefix
 from tests.runtime.conftest import CASES, random_sequences, scorer_for, small_plan
 
 LABELS = [[5], [7, 9], [1, 2, 3, 4], [11, 12, 13, 14, 15, 16, 17]]
@@ -33,6 +33,15 @@ def scored(scorer, sequences, labels):
     return label_scores(scorer.score_jobs([label_rows(sequences, labels)])[0], labels)
 
 
+def test_a_shared_context_leaves_every_read_position_to_the_rows():
+    item = [3, 1, 4, 1, 5]
+    assert shareable_prefix(Job([item, item + [2]], (7,))) == 4  # the shorter row reads its last position
+    # Each label's first token is read at item[-1] (position 4), not at its rows' last positions.
+    assert shareable_prefix(label_rows([item], [[7, 9], [8, 8, 8]])) == 4
+    assert shareable_prefix(label_rows([item, [3, 1]], [[7], [8, 8]])) == 1  # read at [3, 1]'s 1 first
+    assert shareable_prefix(label_rows([item], [[7]])) == 0  # one row: nothing to share
+
+
 @pytest.mark.parametrize("tiny_case", sorted(CASES), indirect=True)
 def test_label_sums_match_transformers_and_keep_their_bits(tiny_case):
     torch_model, scorer = tiny_case
@@ -53,6 +62,10 @@ def test_label_sums_match_transformers_and_keep_their_bits(tiny_case):
     assert np.array_equal(alone[0], sums[1])
     only, _ = scored(scorer, sequences, LABELS[2:3])
     assert np.array_equal(only[:, 0], sums[:, 2])
+    # One item, every label of several tokens: its rows share the whole item, and each label's first token is
+    # predicted by the item's last position, which a shared context must leave to the rows (shareable_prefix).
+    tails_only, _ = scored(scorer, sequences[1:2], LABELS[1:])
+    assert np.array_equal(tails_only[0], sums[1, 1:])
 
 
 @pytest.mark.slow
