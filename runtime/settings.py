@@ -86,9 +86,9 @@ SETTINGS: tuple[Setting, ...] = (
             "JAX persistent compilation cache directory. Empty: <cache_dir>/xla."),
     Setting("dtype", "auto", _choice("auto", "float32", "bfloat16"),
             "Weights and activations: float32 or bfloat16 (matmuls always accumulate in float32; float32 is float32 "
-            "on every platform, no TF32). auto: bfloat16 on GPU and TPU; on a CPU decided at start from its "
-            "features: bfloat16 with AMX, bfloat16 with AVX512-BF16 where a matmul probe finds it at least 1.5x "
-            "faster, float32 elsewhere (GET /v1/models says which). float32 when scores must match transformers "
+            "on every platform, no TF32). auto: bfloat16 on GPU and TPU; on a CPU fixed by its feature class "
+            "(the same on every start): bfloat16 with AMX or AVX512-BF16, float32 elsewhere (GET /v1/models says "
+            "which). float32 when scores must match transformers "
             "float32 to 1e-6."),
     Setting("attention", "auto", _choice("auto", "xla", "cudnn", "pallas"),
             "Attention kernel: xla or cudnn (jax.nn.dot_product_attention's), or pallas (the batch-invariant "

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.compile_report"]  # XLA compile seconds by module, after the slowest tests
+
 REPO = Path(__file__).resolve().parent.parent
 # Same default as the Makefile, so tests reuse the converted model and the XLA cache.
 CACHE_DIR = Path(os.environ.setdefault("SCOREFN_CACHE_DIR", str(REPO / ".cache" / "scorefn")))

@@ -8,9 +8,9 @@ an AMD EPYC Zen 4, 2026-11-26: bfloat16 any M from 2; float32 from 33 for 576 x 
 program computes every shape the model multiplies at a list of row counts and compares the first and last row of each
 with the same rows of the largest. Bits, not timings: the same image on the same CPU class always decides the same.
 
-The answer depends on the host's kernels and on nothing a start varies, so it is recorded (a JSON file beside the
-executable store, keyed by everything that could change it) and a later start reads it instead of compiling the probe
-again (~4 s on 2 cores).
+The answer depends on the host's kernels and on nothing a start varies, so it is recorded (a JSON file in the cache
+directory, SCOREFN_CACHE_DIR, keyed by everything that could change it) and a later start reads it instead of compiling
+the probe again (~4 s on 2 cores), whichever executable store it uses.
 """
 
 from __future__ import annotations

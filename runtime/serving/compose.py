@@ -77,7 +77,10 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
     projections = lora.projection_shapes(base)
     shapes = base if not slots else base | lora.stacked_shapes(projections, cfg.num_layers, slots, rank)
     store = store or executable_store(settings)
-    platform = platforms.fit_to_matmuls(platform, shapes, cfg.head_dim, portable, store.directory / "bitclasses.json")
+    # The bit classes belong to the host's kernels, not to one store: recorded in the cache directory, every store
+    # of this host shares them (a test's fresh store, a second model) instead of compiling the probe again.
+    platform = platforms.fit_to_matmuls(platform, shapes, cfg.head_dim, portable,
+                                        Path(settings.cache_dir) / "bitclasses.json")
     if not quiet:
         host = f"; host {platforms.host_cpu().describe()}" if platform.backend == "cpu" else ""
         log.info("platform %s%s", platform.describe(), host)

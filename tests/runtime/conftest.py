@@ -20,7 +20,7 @@ from runtime.settings import load_settings
 from runtime.model.weights import array_shapes, load_arrays
 from tests.conftest import CACHE_DIR
 
-BITCLASSES = CACHE_DIR / "xla" / "executables" / "bitclasses.json"  # as a start records them (runtime.serving.compose)
+BITCLASSES = CACHE_DIR / "bitclasses.json"  # as a start records them (runtime.serving.compose)
 
 
 def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_lengths=(8,), suffix_batches=(4,),

@@ -1,0 +1,43 @@
+"""A pytest plugin: the XLA compile seconds of this process, by test module, printed after the slowest tests, so
+the next person sees which tests' programs cost the suite its time (servers the tests start in other processes
+compile on their own and are not counted here)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+_seconds: collections.Counter = collections.Counter()
+_counts: collections.Counter = collections.Counter()
+_current = ["(collection)"]
+
+
+def _on_duration(event: str, seconds: float, **_) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _seconds[_current[0]] += seconds
+        _counts[_current[0]] += 1
+
+
+def pytest_configure(config) -> None:
+    import jax
+
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _current[0] = item.nodeid.split("::")[0]
+    try:
+        return (yield)
+    finally:
+        _current[0] = "(between tests)"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _counts:
+        return
+    terminalreporter.section("XLA compiles in the test process, by module")
+    for module, seconds in _seconds.most_common(15):
+        terminalreporter.write_line(f"{seconds:8.1f} s {_counts[module]:5d} compiles  {module}")
+    terminalreporter.write_line(f"{sum(_seconds.values()):8.1f} s {sum(_counts.values()):5d} compiles  in all")
