@@ -24,14 +24,17 @@ def model_dir(tiny_llama_dir):
 
 
 def small_settings(model_dir, cache_dir, xla_dir, **overrides):
+    """As few buckets as a start has (one of each program): what these tests count is per bucket, whatever their
+    number; the first test splits requests over a richer set."""
     values = dict(model=str(model_dir), cache_dir=str(cache_dir), compile_cache_dir=str(xla_dir), dtype="float32",
-                  length_buckets=(16, 32), batch_buckets=(1, 4), suffix_length_buckets=(8,),
-                  suffix_batch_buckets=(4,), max_labels=8, batch_wait_ms=0.0)
+                  length_buckets=(32,), batch_buckets=(2,), suffix_length_buckets=(8,), suffix_batch_buckets=(4,),
+                  completion_batch_buckets=(2,), max_labels=4, batch_wait_ms=0.0)
     return load_settings(**{**values, **overrides})
 
 
 def test_warmup_compiles_each_bucket_once_and_requests_compile_nothing(model_dir, cache_dir, tmp_path):
-    engine = Engine(small_settings(model_dir, cache_dir, tmp_path / "xla"))
+    engine = Engine(small_settings(model_dir, cache_dir, tmp_path / "xla", length_buckets=(16, 32),
+                                   batch_buckets=(1, 4), completion_batch_buckets=(1, 8), max_labels=8))
     engine.start()
     try:
         plan = engine.plan
