@@ -122,8 +122,8 @@ class ScoringEngine(Protocol):
                request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future[ScoreResult]:
         """Queue sequences for scoring; raises QueueFull at once when the engine refuses more work (the request's
         predicted wait for the device is over SCOREFN_MAX_WAIT_S, or the queue is full). A label is a token ID, or
-        a list of token IDs (a label of several tokens, at most SCOREFN_MAX_LABEL_TOKENS: its log-probability is the sum of
-        its tokens', each after the sequence and the label's tokens before it; ScoreResult.token_logprobs has
+        a list of token IDs (a label of several tokens, at most SCOREFN_MAX_LABEL_TOKENS: its log-probability is the
+        sum of its tokens', each after the sequence and the label's tokens before it; ScoreResult.token_logprobs has
         them).
 
         `deadline` is a time.monotonic() value after which the work is dropped (DeadlineExceeded).

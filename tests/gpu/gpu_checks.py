@@ -145,6 +145,7 @@ def exactness(named: dict, model_dir: Path, vocab: int) -> dict:
 def speed(named: dict, vocab: int, repeats: int = 5) -> dict:
     """items/s of W1 (1, 32 and 256 items) and W2 at the peers' shape (2000-token query, 500 items of 20), each
     scorer, the median of `repeats` after one run that compiles; and the invariant over the default."""
+    from runtime.tools.bench import timed_runs
     from runtime.tools.workloads import FIRST_ID, w1_request, w2_request
 
     workloads = {f"w1_{n}": w1_request(vocab, n) for n in (1, 32, 256)}
@@ -154,12 +155,7 @@ def speed(named: dict, vocab: int, repeats: int = 5) -> dict:
     for name, (sequences_, labels) in workloads.items():
         row = {}
         for kind, (scorer, _) in named.items():
-            scorer.score(sequences_, labels)
-            times = []
-            for _ in range(repeats):
-                started = time.perf_counter()
-                scorer.score(sequences_, labels)
-                times.append(time.perf_counter() - started)
+            times = timed_runs(lambda: scorer.score(sequences_, labels), repeats)
             row[kind] = len(sequences_) / float(np.median(times))
         row["invariance_cost"] = row["default"] / row["invariant"]
         out[name] = row
