@@ -45,7 +45,7 @@ _SEND_AFTER_DRAIN_S = 4.0
 
 def create_app(settings: Settings | None = None, engine: ScoringEngine | None = None, *,
                owns_process: bool = False) -> Litestar:
-    """The app; without an engine, the lifespan builds one with runtime.serving.engine.build_engine(settings).
+    """The app; without an engine, the lifespan builds one with runtime.engine.build_engine(settings).
 
     `owns_process` (the served module-level `app`): the lifespan hooks SIGTERM (chaining the server's handler)
     to start draining at once, and a failed engine start ends the process. Apps built in tests leave the

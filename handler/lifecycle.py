@@ -18,9 +18,9 @@ log = logging.getLogger("scorefn.handler")
 
 
 def build_engine(settings: Settings) -> ScoringEngine:
-    # Imported here, when an app builds its real engine: runtime.serving.engine pulls in JAX, which handler/
+    # Imported here, when an app builds its real engine: runtime.engine pulls in JAX, which handler/
     # never imports (it serves any runtime.interface.ScoringEngine; its tests run a fake one without JAX).
-    from runtime.serving.engine import build_engine as build
+    from runtime.engine import build_engine as build
 
     return build(settings)
 

@@ -4,7 +4,7 @@ its trace's ids still reach its log lines.
 
 The span continues the caller's trace: the W3C `traceparent` header, else Cloud Run's `X-Cloud-Trace-Context`. It
 is the current span while the core works on the request, so the engine's spans of it (admission, queue, device
-rounds: runtime.serving.spans) become its children and every log line written meanwhile carries its ids
+rounds: runtime.requests.spans) become its children and every log line written meanwhile carries its ids
 (handler.logs). Its own children: `validate` (JSON decoding and the endpoint's checks), `tokenize` (the
 tokenizer's calls during validation) and `encode` (the response body). Attributes follow OpenTelemetry's HTTP
 server conventions (http.request.method, http.route, url.path, http.response.status_code, error.type on a 5xx,
@@ -92,7 +92,7 @@ class RequestSpan(_SampledOut):
                 "scorefn.tokenize.tokens": timed.tokens}).end(timed.last_ns)
 
     def refused(self, error: QueueFull) -> None:
-        """The admission's decision on a 429 (its own span has the details: runtime.serving.spans)."""
+        """The admission's decision on a 429 (its own span has the details: runtime.requests.spans)."""
         self.span.set_attributes(tracing.admission_attributes(None, error))
 
     def end(self, status: int, body_bytes: int, error_code: str | None, job: Any, result: Any) -> None:

@@ -62,7 +62,7 @@ class WsgiApp:
 
 def create_wsgi_app(settings: Settings | None = None, engine: ScoringEngine | None = None, *,
                     owns_process: bool = False) -> WsgiApp:
-    """The app; without an engine, warm-up builds one with runtime.serving.engine.build_engine(settings).
+    """The app; without an engine, warm-up builds one with runtime.engine.build_engine(settings).
 
     `owns_process` (the served module-level `application`): a failed engine start ends the process.
     """

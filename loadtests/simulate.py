@@ -1,6 +1,6 @@
 """`python -m loadtests.simulate`: admission and device rounds under an open-loop load, in simulated time.
 
-The real scheduler (runtime.serving.scheduler) and the real cost model (runtime.serving.cost.plan_work, on the bucket
+The real scheduler (runtime.requests.scheduler) and the real cost model (runtime.requests.cost.plan_work, on the bucket
 plan of the small-bucket test server) run against a simulated device whose rounds take a fixed price per device batch
 plus a price per padded token, with log-normal noise. Time is simulated: minutes of load take a second, and a run is
 decided by the scheduler's logic alone (a seed fixes the arrivals and the noise), so tests judge admission and
@@ -24,11 +24,11 @@ import random
 from typing import Any
 
 from runtime.interface import QueueFull, Sampling
-from runtime.serving.buckets import BucketPlan
-from runtime.serving.cost import KINDS, ServiceModel, plan_work
-from runtime.serving.grid import GridLayout
-from runtime.serving.jobs import Job, TokenJob
-from runtime.serving.scheduler import Scheduler
+from runtime.shapes.buckets import BucketPlan
+from runtime.requests.cost import KINDS, ServiceModel, plan_work
+from runtime.shapes.grid import GridLayout
+from runtime.requests.jobs import Job, TokenJob
+from runtime.requests.scheduler import Scheduler
 from runtime.settings import load_settings
 
 MIX = (("score 1 item", 10), ("score 32 items", 2), ("rerank", 2), ("completions", 2))  # loadtests/openloop.py

@@ -1,4 +1,4 @@
-"""The engine's interface: what the handler may ask of a scoring engine (runtime.serving.engine.Engine implements it).
+"""The engine's interface: what the handler may ask of a scoring engine (runtime.engine.Engine implements it).
 
 Owned by the runtime and pure Python (no JAX), so the handler depends on the runtime's contract and nothing in
 runtime/ imports handler/.
@@ -71,7 +71,7 @@ class EngineError(Exception):
 
 class QueueFull(EngineError):
     """The engine takes no more work for now (-> 429 with Retry-After): the request cannot be answered in time, the
-    instance is overloaded, or SCOREFN_MAX_QUEUE requests are waiting (runtime.serving.scheduler). `retry_after_s`:
+    instance is overloaded, or SCOREFN_MAX_QUEUE requests are waiting (runtime.requests.scheduler). `retry_after_s`:
     whole seconds until the work ahead is predicted to have drained enough (at least 1); `reason`: wait, deadline, late,
     overload or queue; `predicted`: what admission predicted for it."""
 

@@ -19,7 +19,7 @@ def _csv_ints(text: str) -> tuple[int, ...]:
 
 
 def _auto(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """`auto` (None: runtime.serving.platform decides per backend) or a value parsed by `parse`."""
+    """`auto` (None: runtime.assembly.platform decides per backend) or a value parsed by `parse`."""
     return lambda text: None if text.strip().lower() == "auto" else parse(text)
 
 
@@ -187,7 +187,7 @@ class Settings:
     model_id: str
     cache_dir: str
     compile_cache_dir: str
-    dtype: str  # auto | float32 | bfloat16 (runtime.serving.platform resolves auto)
+    dtype: str  # auto | float32 | bfloat16 (runtime.assembly.platform resolves auto)
     attention: str  # auto | xla | cudnn | pallas
     layer_loop: str  # auto | scan | unroll
     length_buckets: tuple[int, ...]

@@ -8,8 +8,8 @@ else is the SDK's own reading of the standard variables: the exporter's endpoint
 OTEL_RESOURCE_ATTRIBUTES). OTLP goes over HTTP/protobuf only (gRPC's exporter would add grpcio to the image).
 
 Off, `tracer` is None, no OpenTelemetry module is imported, and each place that would trace reads that one
-attribute. Who traces what: handler.tracing (a span per HTTP request), runtime.serving.spans (admission, queue,
-device rounds) and the engine's start (runtime.serving.engine). Log lines carry the current span's ids
+attribute. Who traces what: handler.tracing (a span per HTTP request), runtime.requests.spans (admission, queue,
+device rounds) and the engine's start (runtime.engine). Log lines carry the current span's ids
 (log_fields), and on Google Cloud the fields Cloud Logging links to Cloud Trace with: the project comes from
 GOOGLE_CLOUD_PROJECT, else on Cloud Run and GKE from the metadata server. Pure Python, imported by both.
 """

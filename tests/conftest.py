@@ -31,7 +31,7 @@ TEST_COMPILE_CACHE = REPO / ".cache" / "test-xla"
 
 @pytest.fixture(autouse=True)
 def _shared_compile_cache():
-    from runtime.serving.store import enable_persistent_cache
+    from runtime.assembly.store import enable_persistent_cache
 
     enable_persistent_cache(TEST_COMPILE_CACHE)
 

@@ -89,3 +89,13 @@ def test_every_error_code_is_documented_with_its_status_and_type(site: Path) -> 
     assert set(shown) == set(ERRORS)
     for code, spec in ERRORS.items():
         assert shown[code] == (str(spec.status), spec.type), code
+
+
+def test_where_things_are_names_every_package_and_only_those(site: Path) -> None:
+    """docs/how-it-works/where-things-are.md's table: one row per package of the project, each one that exists."""
+    rows = _rows(site / "how-it-works" / "where-things-are" / "index.html")
+    named = {row[0] for row in rows[1:] if row}
+    packages = {init.parent.relative_to(REPO).as_posix() for top in ("handler", "runtime", "loadtests")
+                for init in (REPO / top).rglob("__init__.py")}
+    assert named == packages, f"named but absent: {sorted(named - packages)}; absent from the page: " \
+                              f"{sorted(packages - named)}"

@@ -1,5 +1,6 @@
-"""The project's modules import each other without cycles, at the top of the module: an import inside a function
-is allowed only where a reason below says why (an optional dependency, or start-up time)."""
+"""The project's modules import each other without cycles of any kind (type-only imports and imports inside
+functions included), at the top of the module: an import inside a function is allowed only where a reason below
+says why (an optional dependency, or start-up time). The serving runtime's wings import only downward."""
 
 from __future__ import annotations
 
@@ -7,24 +8,27 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("handler", "runtime", "loadtests")
+PACKAGES = ("handler", "runtime", "loadtests", "scripts")
+# The serving runtime in layers, lowest first (docs/where-things-are.md): a module imports from its own layer and
+# those below it, never from one above; the handler, load tests and scripts sit above them all.
+LAYERS = ("runtime.shapes", "runtime.requests", "runtime.assembly", "runtime.engine", "handler")
 
 # (module, function) -> why it imports inside the function
 INNER_IMPORTS = {
     ("handler.lifecycle", "build_engine"): "handler/ never imports JAX; the engine is built when the app starts",
-    ("runtime.serving.engine", "start"): "JAX, Flax and transformers load once the server answers /health",
+    ("runtime.engine", "start"): "JAX, Flax and transformers load once the server answers /health",
     ("runtime.model.loader", "load_tokenizer"): "transformers takes seconds to import: on a start's worker thread",
     ("runtime.model.gguf", "gguf_tokenizer"): "transformers: as load_tokenizer",
     ("runtime.model.gguf", "convert_gguf"): "the gguf package (0.3 s) only when a GGUF file is read",
     ("runtime.model.gguf", "read_gguf_weights"): "the gguf package (0.3 s) only when a GGUF file is read",
-    ("runtime.serving.targets", "devices"): "JAX_PLATFORMS is set after a target's name is parsed, before JAX loads",
+    ("runtime.assembly.targets", "devices"): "JAX_PLATFORMS is set after a target's name is parsed, before JAX loads",
     ("runtime.tools.baselines", "__init__"): "PyTorch is a test-only dependency (the benchmark's baselines)",
     ("runtime.tools.baselines", "random_checkpoint"): "PyTorch is a test-only dependency",
 }
 _OTEL = "OpenTelemetry loads only once tracing is on (runtime.tracing): nothing at all while it is off"
 INNER_IMPORTS.update(dict.fromkeys([("runtime.tracing", "configure"), ("runtime.tracing", "_exporters"),
                                     ("runtime.tracing", "_resource"), ("runtime.tracing", "log_fields"),
-                                    ("runtime.serving.engine", "_spans"), ("handler.tracing", "_api"),
+                                    ("runtime.engine", "_spans"), ("handler.tracing", "_api"),
                                     ("handler.tracing", "_propagation")], _OTEL))
 # every command of the CLI imports what it runs when it runs (runtime/tools/cli.py says why)
 INNER_IMPORT_MODULES = {"runtime.tools.cli"}
@@ -39,27 +43,18 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def _type_checking(node: ast.If) -> bool:
-    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+def _imported(node: ast.AST, known: dict[str, Path]) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names if alias.name in known}
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        return ({node.module} & known.keys()) | {f"{node.module}.{alias.name}" for alias in node.names
+                                                 if f"{node.module}.{alias.name}" in known}
+    return set()
 
 
 def module_imports(path: Path, known: dict[str, Path]) -> set[str]:
-    """The project modules a module imports when it is imported (module level, TYPE_CHECKING blocks aside)."""
-    out: set[str] = set()
-    body = list(ast.parse(path.read_text()).body)
-    while body:
-        node = body.pop(0)
-        if isinstance(node, ast.If) and not _type_checking(node):
-            body += node.body + node.orelse
-        elif isinstance(node, ast.Try):
-            body += node.body
-        elif isinstance(node, ast.Import):
-            out |= {alias.name for alias in node.names if alias.name in known}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module in known:
-                out.add(node.module)
-            out |= {f"{node.module}.{alias.name}" for alias in node.names if f"{node.module}.{alias.name}" in known}
-    return out
+    """The project modules a module imports anywhere: at its top, in TYPE_CHECKING blocks, inside functions."""
+    return set().union(*(_imported(node, known) for node in ast.walk(ast.parse(path.read_text()))))
 
 
 def inner_imports(path: Path) -> set[str]:
@@ -98,3 +93,16 @@ def test_imports_inside_functions_are_only_those_with_a_reason():
     stale = sorted(f"{name}.{function}" for name, function in INNER_IMPORTS
                    if function not in inner_imports(modules()[name]))
     assert not stale, f"reasons for imports that are gone: {stale}"
+
+
+def _layer(name: str) -> int | None:
+    return next((i for i, layer in enumerate(LAYERS) if name == layer or name.startswith(layer + ".")), None)
+
+
+def test_the_runtimes_layers_import_only_downward():
+    known = modules()
+    upward = sorted(f"{name} -> {imported}" for name, path in known.items() if _layer(name) is not None
+                    for imported in module_imports(path, known)
+                    if _layer(imported) is not None and _layer(imported) > _layer(name))
+    assert not upward, f"imports up the layers {LAYERS}: {upward}"
+    assert {_layer(name) for name in known} >= set(range(len(LAYERS))), "a layer without modules: update LAYERS"

@@ -19,7 +19,7 @@ which case the mask is built from positions. A key k is visible from query q whe
 Soft-capping (Gemma 2: scores -> cap * tanh(scores / cap) before the mask and softmax) is something neither cuDNN
 nor jax.nn.dot_product_attention can express, so `softcap` runs `_softcapped` on every path (whole rows, the
 cascade's two parts, packed rows): materialized float32 scores, the same masks, and the log-sum-exp the cascade
-merges with (runtime.serving.platform keeps cuDNN off such models).
+merges with (runtime.assembly.platform keeps cuDNN off such models).
 
 Shapes: B batch, T query tokens, C context tokens, N query heads, K KV heads, E head dim, R rows of W tokens.
 Softmax and log-sum-exp run in float32 whatever the input dtype; the merge is float32.
@@ -132,7 +132,7 @@ def context(q: jax.Array, ctx_k: jax.Array, ctx_v: jax.Array, ctx_len: jax.Array
 
 
 class Packed(NamedTuple):
-    """Rows holding several sequences (runtime.serving.packed): each token's sequence within its row (segment;
+    """Rows holding several sequences (runtime.shapes.packed): each token's sequence within its row (segment;
     -1 for padding) and position [R, W]; `context`: the shared prefix's (keys, values, length) they continue."""
     segments: jax.Array
     positions: jax.Array

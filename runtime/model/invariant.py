@@ -35,7 +35,7 @@ How it is avoided:
   with a pad of a different shape in each program.
 - Per-position log-probabilities (/v1/completions) read the vocabulary head over fixed tiles of POSITION_TILE
   positions; the token drawn at a temperature, over tiles of TILE rows.
-A mesh with only a data axis runs this program on each device's rows (runtime.serving.sharding), so its bits are one
+A mesh with only a data axis runs this program on each device's rows (runtime.assembly.sharding), so its bits are one
 device's. Not covered: packed rows (their programs still use the default kernels) and a model axis (it splits sums).
 
 Shapes: B rows, T tokens per row (any), D hidden, N heads, K KV heads, G = N // K, E head dim.
@@ -60,7 +60,7 @@ TOKEN_TILE = 128
 STREAM_ALIGN = 8  # the stream's tokens, a multiple of this
 TILE = 16  # rows of the heads' tiles (the label log-probabilities' from Kernels.head_rows: the same bits)
 # The fewest rows of the kernels' matmuls (the token stream's, an attention tile's) where the host's own are not
-# measured (runtime.serving.bitclasses): every threshold measured so far is below it (33, 51 and 63 rows).
+# measured (runtime.assembly.bitclasses): every threshold measured so far is below it (33, 51 and 63 rows).
 MIN_ROWS = 64
 QUERY_TILE_MAX = 256  # queries of an attention tile at most (a row up to this long is one tile)
 KEY_BLOCK = 32  # keys of an attention block, at absolute positions (a multiple of them)
@@ -262,7 +262,7 @@ def matmul_shapes(shapes: dict[str, tuple[int, ...]], dtype: str, attention_dtyp
     """Every (inner, outer, dtype) these kernels multiply a variable number of rows by, for a model with these
     arrays (runtime.model.weights.array_shapes, and LoRA's): the layers' projections [Layers, I, O], the experts
     [Layers, X, I, O] (all at once: I x X * O, and X * I x O down), the norms' sums of squares, and attention's
-    scores and weighted values. What runtime.serving.bitclasses measures."""
+    scores and weighted values. What runtime.assembly.bitclasses measures."""
     found = {(shapes["embed"][1], SUM_COLUMNS, "float32"), (head_dim, KEY_BLOCK, attention_dtype),
              (KEY_BLOCK, head_dim + 1, attention_dtype)}
     for name, shape in shapes.items():

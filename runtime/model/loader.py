@@ -63,7 +63,7 @@ def load_model(model: str, cache_dir: str | Path, model_id: str = "") -> LoadedM
 
 def load_tokenizer(model_dir: str | Path):
     # Imported when used: transformers takes seconds to import, which a start spends on a worker thread beside the
-    # weights (runtime.serving.startup), and the server answers /health before it.
+    # weights (runtime.assembly.startup), and the server answers /health before it.
     from transformers import AutoTokenizer
 
     try:

@@ -2,7 +2,7 @@
 OLMo 2) as one Flax NNX module (Transformer), prefill only. The families differ in data (runtime.model.config.ModelConfig), not
 in code paths per family: one layer body reads which norms, activation, multipliers, soft-caps and experts apply.
 
-Layers are stacked along a leading axis and run with `lax.scan` (or unrolled where runtime.serving.platform measured
+Layers are stacked along a leading axis and run with `lax.scan` (or unrolled where runtime.assembly.platform measured
 that it pays): one compiled layer body whatever the depth, so every shape bucket compiles quickly.
 Weight matmuls take `dtype` inputs (float32 or bfloat16) and accumulate in float32. Attention runs in
 `Kernels.attention_dtype` through runtime.model.attention (float32 on CPU: bfloat16 attention moved the embedded
@@ -41,7 +41,7 @@ def _weights(value: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class Kernels:
-    """How the layers run; runtime.serving.platform picks these per platform from measurements."""
+    """How the layers run; runtime.assembly.platform picks these per platform from measurements."""
     unroll: bool = False  # unroll the layer loop instead of lax.scan
     attention: str = "xla"  # implementation of jax.nn.dot_product_attention: xla | cudnn
     attention_dtype: str = "float32"  # queries, keys and values of attention (and the shared-prefix KV)
@@ -52,7 +52,7 @@ class Kernels:
     # bfloat16 as it is.
     weight_bits: bool = False
     # Batch-invariant kernels: the fewest rows of a matmul (the token stream's, an attention tile's), from which rows
-    # have the same bits whatever their number (runtime.serving.bitclasses measures it on the host).
+    # have the same bits whatever their number (runtime.assembly.bitclasses measures it on the host).
     min_rows: int = invariant.MIN_ROWS
     # Accelerators: the stream's token-wise work (norms, projections, rotation, MLP) in a loop over fixed chunks of
     # this many tokens, each one compiled shape (a GPU picks a GEMM per shape: a row's bits moved with the batch's
@@ -407,7 +407,7 @@ class Transformer(nnx.Module):
     def _normed(self, h: jax.Array) -> jax.Array:
         return rms_norm(h, self.final_norm[...], self.cfg.rms_norm_eps)
 
-    # ---- entry points (each jitted per shape bucket by runtime.serving.executables) --------------------------
+    # ---- entry points (each jitted per shape bucket by runtime.assembly.executables) --------------------------
 
     def hidden(self, tokens: jax.Array, last_index: jax.Array, targets: jax.Array, adapters: jax.Array):
         """tokens [B, T] right-padded, last_index [B], targets [B, P] (each row's label tokens on its last positions,
@@ -436,7 +436,7 @@ class Transformer(nnx.Module):
 
     def hidden_packed(self, tokens: jax.Array, positions: jax.Array, segments: jax.Array,
                       last_index: jax.Array, targets: jax.Array, adapters: jax.Array):
-        """Several whole sequences per row (runtime.serving.packed): tokens, positions (from 0 in each sequence)
+        """Several whole sequences per row (runtime.shapes.packed): tokens, positions (from 0 in each sequence)
         and segments (-1: padding) [R, W]; last_index [M]: flat indices into R * W of each sequence's last token;
         targets [M, P] as in `hidden`; each token's LoRA adapter [R, W]. Returns the final-normed hidden states
         there [M, D] float32 and the targets' log-probabilities [M, P]."""

@@ -87,7 +87,7 @@ def render(template: str, chat: bool, prefix: str, tokenizer: Any, where: str, e
 def verbalizer_tokens(word: str, tokenizer: Any, vocab_size: int, max_tokens: int, what: str,
                       error: type) -> int | tuple[int, ...]:
     """A verbalizer `word`'s tokens: its one token ID (the single-token path), or the tuple of its tokens (scored as
-    the sum of their log-probabilities, runtime.serving.jobs.label_rows); `what` names it in messages ("classifier
+    the sum of their log-probabilities, runtime.requests.jobs.label_rows); `what` names it in messages ("classifier
     'x': label 'y': verbalizer")."""
     ids = list(tokenizer.encode(word, add_special_tokens=False))
     if not ids or len(ids) > max_tokens:

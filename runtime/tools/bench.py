@@ -43,11 +43,11 @@ import jax.numpy as jnp
 from runtime.model import lora
 from runtime.model.config import config_from_hf, load_config
 from runtime.model.loader import load_model, resolve_model_dir
-from runtime.serving import platform as platforms
-from runtime.serving import startup
-from runtime.serving.compose import compose
-from runtime.serving.jobs import Job, label_rows, label_scores, shareable_prefix
-from runtime.serving.store import cache_events, enable_persistent_cache
+from runtime.assembly import platform as platforms
+from runtime.assembly import startup
+from runtime.assembly.compose import compose
+from runtime.requests.jobs import Job, label_rows, label_scores, shareable_prefix
+from runtime.assembly.store import cache_events, enable_persistent_cache
 from runtime.settings import load_settings
 from runtime.tools.baselines import TorchScorer, random_checkpoint
 from runtime.tools.roofline import padding_report, roofline_report

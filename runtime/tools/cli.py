@@ -43,8 +43,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
 def _one_shot_scorer(settings):
     """A scorer that compiles only the buckets a single CLI run touches."""
     from runtime.model.loader import load_model
-    from runtime.serving import startup
-    from runtime.serving.store import enable_persistent_cache
+    from runtime.assembly import startup
+    from runtime.assembly.store import enable_persistent_cache
 
     enable_persistent_cache(settings.xla_cache_dir)
     loaded = load_model(settings.model, settings.cache_dir, settings.model_id)
@@ -83,9 +83,9 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def cmd_warmup(args: argparse.Namespace) -> int:
     """Compile every bucket into the persistent cache (a container build step) and report timings. `--cpu-class`:
-    for that CPU feature class, not this host's (an image carries a set for any host: runtime.serving.platform)."""
+    for that CPU feature class, not this host's (an image carries a set for any host: runtime.assembly.platform)."""
     if args.cpu_class:
-        from runtime.serving.platform import CPU_CLASS_NAMES, host_cpu, max_isa_flag
+        from runtime.assembly.platform import CPU_CLASS_NAMES, host_cpu, max_isa_flag
 
         host = host_cpu()
         if args.cpu_class not in CPU_CLASS_NAMES:
@@ -98,7 +98,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
             return 2
         # XLA reads its flags when JAX starts its backend, which has not happened yet in this process.
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {max_isa_flag(args.cpu_class)}".strip()
-    from runtime.serving.engine import Engine
+    from runtime.engine import Engine
 
     started = time.perf_counter()
     engine = Engine(load_settings())
@@ -122,7 +122,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 def cmd_platform(args: argparse.Namespace) -> int:
     """The host's CPU, its class and the number format the class computes in (a fixed table); with --probe, the
     matmul figures such a table entry is decided from (a few seconds; they vary from run to run)."""
-    from runtime.serving.platform import CPU_FORMATS, compile_class, host_cpu, host_cpu_format, matmul_probe
+    from runtime.assembly.platform import CPU_FORMATS, compile_class, host_cpu, host_cpu_format, matmul_probe
 
     cpu, fmt = host_cpu(), host_cpu_format()
     report: dict = {"cpu": cpu.describe(), "compiles_for": compile_class(), "dtype": fmt.dtype, "why": fmt.reason,
@@ -144,7 +144,7 @@ def cmd_settings(args: argparse.Namespace) -> int:
 def _compile_only_host(target_name: str | None) -> None:
     """For a GPU or TPU target: JAX runs on the CPU and the target's devices are compile-only stand-ins. Set before
     JAX is imported (it reads JAX_PLATFORMS then)."""
-    from runtime.serving.targets import TargetError, parse_target
+    from runtime.assembly.targets import TargetError, parse_target
 
     try:
         accelerator = target_name and parse_target(target_name).backend != "cpu"

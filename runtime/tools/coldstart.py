@@ -2,7 +2,7 @@
 
 Runs the production configuration (default buckets unless SCOREFN_* says otherwise) twice against one
 fresh compilation cache directory: the first start compiles every bucket, the second loads them from the
-executable store (runtime.serving.store) without tracing.
+executable store (runtime.assembly.store) without tracing.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """`scorefn compile --target NAME`: compile every bucket for a target's devices, here and without them (deviceless
 ahead-of-time compilation on a CPU host), into the executable store a start on that target reads.
 
-It goes through the serving path's own composition (runtime.serving.compose) with the target's compile-only
+It goes through the serving path's own composition (runtime.assembly.compose) with the target's compile-only
 devices, so the platform choices are the target's and the store fingerprint is the one a start on the real device
 computes. No weights are read: the model's config.json is enough, and a later start that has the weights loads
 the stored executables without compiling. A bucket whose memory exceeds the target device's fails the command,
 naming the bucket and the bytes. Whether a deviceless executable loads on the real device is not verified here:
-one that does not load is compiled at start (runtime.serving.store.ExecutableStore.load).
+one that does not load is compiled at start (runtime.assembly.store.ExecutableStore.load).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from runtime.model.config import load_config
 from runtime.model.loader import resolve_model_dir
-from runtime.serving.compose import compose
-from runtime.serving.store import enable_persistent_cache
-from runtime.serving.targets import TargetError, parse_target
+from runtime.assembly.compose import compose
+from runtime.assembly.store import enable_persistent_cache
+from runtime.assembly.targets import TargetError, parse_target
 from runtime.settings import load_settings
 
 log = logging.getLogger("scorefn.runtime")
@@ -75,7 +75,7 @@ def memory_problems(rows: list[dict], target) -> list[str]:
 def compile_target(target_name: str, settings, json_out: str | None = None) -> dict:
     target = parse_target(target_name)
     # The settings' own compile cache, as a start and `scorefn warmup` use: only a fresh compile is stored
-    # (runtime.serving.executables.Executables.add), so a cache left configured by earlier work in this process
+    # (runtime.assembly.executables.Executables.add), so a cache left configured by earlier work in this process
     # (another directory holding these programs) would leave the store empty.
     enable_persistent_cache(settings.xla_cache_dir)
     cfg = load_config(model_config_dir(settings.model, settings.cache_dir))

@@ -1,7 +1,7 @@
 """What the benchmark's workloads cost on a device that is not here: the real bucket planner's device batches,
 their padded tokens, and (`scorefn bench --roofline TARGET`) the device time they need at the target's peak.
 
-The planner runs for real (runtime.serving.scorer.Scorer.dispatch) with a recorder in place of the executables,
+The planner runs for real (runtime.requests.scorer.Scorer.dispatch) with a recorder in place of the executables,
 so the device batches are exactly the ones a server would dispatch. For each workload:
 - padding: tokens computed / tokens the math needs (a shared prefix once), for the grid and the packed layout;
 - roofline: per device batch, max(FLOPs / peak, bytes / bandwidth), summed, and the items/s that bounds. TPU:
@@ -21,17 +21,17 @@ from typing import Any
 
 from runtime.model import lora
 from runtime.model.transformer import rope_length_limit
-from runtime.serving import platform as platforms
-from runtime.serving.compose import bucket_plan, compose
-from runtime.serving.jobs import Job, shareable_prefix
-from runtime.serving.programs import PROGRAMS
-from runtime.serving.scorer import Scorer
-from runtime.serving.targets import parse_target
+from runtime.assembly import platform as platforms
+from runtime.assembly.compose import bucket_plan, compose
+from runtime.requests.jobs import Job, shareable_prefix
+from runtime.shapes.programs import PROGRAMS
+from runtime.requests.scorer import Scorer
+from runtime.assembly.targets import parse_target
 from runtime.tools.workloads import workloads
 
 
 class Recorder:
-    """Stands in for runtime.serving.executables.Executables: notes every (program, bucket) dispatched."""
+    """Stands in for runtime.assembly.executables.Executables: notes every (program, bucket) dispatched."""
 
     compile_only = True
     store = None

@@ -21,7 +21,7 @@ import numpy as np
 
 from runtime.interface import Sampling
 from runtime.model.lora import Adapter
-from runtime.serving.jobs import Job, TokenJob
+from runtime.requests.jobs import Job, TokenJob
 
 QWEN3_CONFIG = Path(__file__).resolve().parent.parent / "model" / "configs" / "qwen3-0.6b.json"
 W1_SIZES = (1, 32, 256)

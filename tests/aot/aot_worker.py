@@ -2,7 +2,7 @@
 
     JAX_PLATFORMS=cpu .venv-aot/bin/python -m tests.aot.aot_worker '{"xla_dir": ..., "cases": [...]}'
 
-Each case composes a scorer the serving way (runtime.serving.compose) on a target's compile-only devices from a
+Each case composes a scorer the serving way (runtime.assembly.compose) on a target's compile-only devices from a
 config.json alone, compiles the smallest bucket of every entry point (or those named; "every_bucket": all of
 them), and reports what
 `scorefn compile --json-out` reports for each, plus which layer-loop bodies hold the cuDNN attention call. With
@@ -107,8 +107,8 @@ def run(spec: dict) -> dict:
 
     from runtime.model.config import load_config
     from runtime.model.weights import array_shapes
-    from runtime.serving.compose import compose
-    from runtime.serving.targets import parse_target
+    from runtime.assembly.compose import compose
+    from runtime.assembly.targets import parse_target
     from runtime.settings import load_settings
     from runtime.tools.compile import executable_report, memory_problems
 

@@ -6,7 +6,7 @@ with the weights on the same target computes; sharded cuDNN programs (an H100 x4
 The accelerator plugins live in their own venv (.venv-aot, `make setup-aot`, the `aot` extra): installed beside the
 test tools they print CUDA/TPU start-up errors into every JAX process. So one worker process there
 (tests/aot/aot_worker.py) compiles every case, on a tiny 3-layer config, and these tests read its report.
-Whether these executables load on the real devices cannot be shown here (runtime.serving.executables falls back
+Whether these executables load on the real devices cannot be shown here (runtime.assembly.executables falls back
 to compiling when one does not).
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.serving.platform import ACCELERATOR_STREAM_CHUNK
+from runtime.assembly.platform import ACCELERATOR_STREAM_CHUNK
 from tests.conftest import REPO
 
 AOT_PYTHON = Path(os.environ.get("SCOREFN_AOT_PYTHON", REPO / ".venv-aot" / "bin" / "python"))
@@ -142,7 +142,7 @@ def test_lora_slots_compile_deviceless_under_the_fingerprint_a_start_computes(de
 
 def test_sharded_cudnn_programs_serialize(deviceless):
     """jax 0.10.2 keeps custom-partitioning callbacks (a local function pickle refuses) on sharded cuDNN programs;
-    the store serializes them without (runtime.serving.executables._without_partitioning_callbacks)."""
+    the store serializes them without (runtime.assembly.executables._without_partitioning_callbacks)."""
     case = deviceless["h100x4"]
     assert case["devices"][2:] == [4, [4, 1]]
     for method, row in by_method(case).items():
@@ -162,7 +162,7 @@ def test_gemma2_and_qwen3_moe_compile_for_an_h100_and_a_tpu_v5e(deviceless, case
     keeps cuDNN."""
     h100, tpu = deviceless[f"h100_{case}"], deviceless[f"tpu-v5e_{case}"]
     gemma = case == "gemma2"
-    # XLA attention on a GPU runs in float32 (runtime.serving.platform.attention_dtype), cuDNN in bfloat16.
+    # XLA attention on a GPU runs in float32 (runtime.assembly.platform.attention_dtype), cuDNN in bfloat16.
     assert ("attention xla in float32" if gemma else "attention cudnn in bfloat16") in h100["platform"]
     for method, row in by_method(h100).items():
         assert row["serialized_bytes"] > 0 and row["layer_loops"] == 1, method

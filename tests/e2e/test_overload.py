@@ -2,7 +2,7 @@
 for the mix measured on the mix itself (answered per second of device time); Poisson arrivals at 0.7x of it (nothing
 refused), 4x (refused alike by kind, small requests still fast) and 0.5x (recovered), one bulk client beside them.
 The run's own verdicts judge counts beyond doubt (loadtests/overload.py); the properties themselves are judged over
-simulated minutes in tests/runtime/serving/test_scheduler_simulated.py."""
+simulated minutes in tests/runtime/requests/test_scheduler_simulated.py."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from runtime.serving.platform import current_backend, resolve
+from runtime.assembly.platform import current_backend, resolve
 from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess
 from runtime.settings import load_settings
 

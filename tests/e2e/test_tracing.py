@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from runtime.serving.programs import PROGRAMS
+from runtime.shapes.programs import PROGRAMS
 from runtime.tools.otlp_receiver import OtlpReceiver
 from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess
 

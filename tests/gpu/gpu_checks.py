@@ -48,7 +48,7 @@ def scorers(model_dir: Path, cache: Path) -> tuple[dict, object]:
     """{"invariant": (scorer, platform), "default": ...}: the GPU default and SCOREFN_BATCH_INVARIANT=true, each
     compiling the buckets it meets (lazily: only what the checks touch)."""
     from runtime.model.loader import load_model
-    from runtime.serving import startup
+    from runtime.assembly import startup
     from runtime.settings import load_settings
 
     loaded = load_model(str(model_dir), cache)
@@ -100,7 +100,7 @@ def invariance(scorer, vocab: int) -> dict:
 def label_invariance(scorer, vocab: int) -> dict:
     """Labels of several tokens (label rows): 12 items x 4 labels of 1-6 tokens together against each item alone,
     and a label's first token against the single-token path, bitwise."""
-    from runtime.serving.jobs import label_rows, label_scores
+    from runtime.requests.jobs import label_rows, label_scores
 
     rng = np.random.default_rng(2)
     query = rng.integers(100, vocab - 100, 60).tolist()

@@ -28,7 +28,7 @@ class BuiltEngines(list):
 
 @pytest.fixture
 def built_engines(monkeypatch: pytest.MonkeyPatch) -> BuiltEngines:
-    """Stands in for runtime.serving.engine (which imports JAX): build_engine(settings) returns a FakeEngine."""
+    """Stands in for runtime.engine (which imports JAX): build_engine(settings) returns a FakeEngine."""
     engines = BuiltEngines()
 
     def build_engine(settings: Settings) -> FakeEngine:
@@ -37,9 +37,9 @@ def built_engines(monkeypatch: pytest.MonkeyPatch) -> BuiltEngines:
         engines.built.set()
         return engines[-1]
 
-    module = types.ModuleType("runtime.serving.engine")
+    module = types.ModuleType("runtime.engine")
     module.build_engine = build_engine  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "runtime.serving.engine", module)
+    monkeypatch.setitem(sys.modules, "runtime.engine", module)
     return engines
 
 
@@ -85,9 +85,9 @@ def test_a_failed_start_leaves_health_up_and_ready_down(monkeypatch: pytest.Monk
     def build_engine(settings: Settings) -> FakeEngine:
         raise OSError("weights not found")
 
-    module = types.ModuleType("runtime.serving.engine")
+    module = types.ModuleType("runtime.engine")
     module.build_engine = build_engine  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "runtime.serving.engine", module)
+    monkeypatch.setitem(sys.modules, "runtime.engine", module)
     app = handler.wsgi.create_wsgi_app(make_settings())
     assert app.warmup.thread is not None
     app.warmup.thread.join(WAIT_S)

@@ -22,12 +22,12 @@ from handler.asgi import create_app
 from handler.logs import JsonLineFormatter
 from runtime import tracing
 from runtime.interface import EngineFault, Prediction, QueueFull
-from runtime.serving.cost import KINDS, ServiceModel
-from runtime.serving.engine import Engine
+from runtime.requests.cost import KINDS, ServiceModel
+from runtime.engine import Engine
 from tests.handler.clients import AsgiClient
 from tests.handler.conftest import make_settings, score_body, serve
 from tests.handler.fake_engine import FakeEngine
-from tests.runtime.serving.stubs import TokenCountCost
+from tests.runtime.engine.stubs import TokenCountCost
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"

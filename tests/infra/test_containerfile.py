@@ -82,7 +82,7 @@ def test_accelerator_images_bake_their_targets_executables() -> None:
     """cuda12/tpu images compile every bucket for their TARGET at build time, without the device, in the warm stage
     (with the venv the image runs); the default targets are the devices infra/ deploys them on (Cloud Run's L4,
     the GKE overlay's v5e 2x2 slice)."""
-    from runtime.serving.targets import parse_target
+    from runtime.assembly.targets import parse_target
 
     warm = stage("warm")
     assert {"ACCELERATOR=cpu", "TARGET=", "MODEL_CONFIG_JSON="} <= {rest for kw, rest in warm if kw == "ARG"}

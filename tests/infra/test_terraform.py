@@ -134,7 +134,7 @@ def test_cloud_run_concurrency_is_what_an_instance_answers_within_the_wait_budge
         "min(1000, max(1, ceil(var.requests_per_second * var.max_wait_s))))}")
     assert default(cloudrun, "max_instance_request_concurrency") is None
     derived = min(1000, max(1, math.ceil(default(cloudrun, "requests_per_second") * default(cloudrun, "max_wait_s"))))
-    from runtime.serving.platform import DEFAULT_BUCKETS
+    from runtime.assembly.platform import DEFAULT_BUCKETS
 
     largest_batch = max(DEFAULT_BUCKETS["accelerator"][0])  # Cloud Run runs the GPU image: the accelerator buckets
     assert derived >= largest_batch, "room to fill a device batch"

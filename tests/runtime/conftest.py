@@ -9,18 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.serving.buckets import BucketPlan
-from runtime.serving.executables import Executables
-from runtime.serving.grid import GridLayout
+from runtime.shapes.buckets import BucketPlan
+from runtime.assembly.executables import Executables
+from runtime.shapes.grid import GridLayout
 from runtime.model.config import load_config
 from runtime.model.transformer import Kernels, Transformer
-from runtime.serving.platform import fit_to_matmuls, resolve
-from runtime.serving.scorer import Scorer
+from runtime.assembly.platform import fit_to_matmuls, resolve
+from runtime.requests.scorer import Scorer
 from runtime.settings import load_settings
 from runtime.model.weights import array_shapes, load_arrays
 from tests.conftest import CACHE_DIR
 
-BITCLASSES = CACHE_DIR / "bitclasses.json"  # as a start records them (runtime.serving.compose)
+BITCLASSES = CACHE_DIR / "bitclasses.json"  # as a start records them (runtime.assembly.compose)
 
 
 def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_lengths=(8,), suffix_batches=(4,),
@@ -32,7 +32,7 @@ def small_plan(lengths=(16, 32), batches=(1, 8), prefix_sharing=False, suffix_le
 
 
 def platform_kernels(model_dir: Path, dtype: str, layout: str = "grid") -> Kernels:
-    """The kernels the CPU platform runs this model with in `dtype` (runtime.serving.platform): batch invariance on
+    """The kernels the CPU platform runs this model with in `dtype` (runtime.assembly.platform): batch invariance on
     the grid (it yields to packed rows), sized by this host's matmul bit classes."""
     cfg = load_config(model_dir)
     platform = resolve(load_settings(environ={}, dtype=dtype, bucket_layout=layout), backend="cpu")

@@ -23,7 +23,7 @@ class _Missing(importlib.abc.Loader):
 
 
 class _PatchCompile(importlib.abc.Loader):
-    """Loads runtime.serving.executables as usual, then makes every compilation fail the way XLA's errors surface."""
+    """Loads runtime.assembly.executables as usual, then makes every compilation fail the way XLA's errors surface."""
 
     def __init__(self, loader):
         self._loader = loader
@@ -43,7 +43,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if _MISSING and name.partition(".")[0] == _MISSING:
             return importlib.machinery.ModuleSpec(name, _Missing())
-        if _COMPILE_FAILS and name == "runtime.serving.executables":
+        if _COMPILE_FAILS and name == "runtime.assembly.executables":
             spec = importlib.machinery.PathFinder.find_spec(name, path)
             spec.loader = _PatchCompile(spec.loader)
             return spec

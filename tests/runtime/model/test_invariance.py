@@ -163,7 +163,7 @@ def test_every_position_has_the_same_bits_in_any_batch(embedded_dir, dtype):
 
 @pytest.mark.parametrize("case", ["embedded-float32", "embedded-bfloat16", "qwen3_moe_linear_rope", "gemma2"])
 def test_kernels_sized_from_more_rows_than_the_floor_give_the_same_bits(case, embedded_dir, tmp_path):
-    """What runtime.serving.bitclasses measured: a matmul's rows keep their bits from the floor up (and the label
+    """What runtime.assembly.bitclasses measured: a matmul's rows keep their bits from the floor up (and the label
     head's within the span measured), so kernels sized by this host's measurements and the portable ones (MIN_ROWS
     and tiles of TILE: the sets compiled for another CPU class) give every item the same bits, alone, in batches and
     after a shared prefix."""

@@ -1,4 +1,4 @@
-"""Labels of several tokens (runtime.serving.jobs.label_rows): a label's log-probability is the sum of its tokens'
+"""Labels of several tokens (runtime.requests.jobs.label_rows): a label's log-probability is the sum of its tokens'
 log-probabilities after the prompt, each token after the ones before it. Parity with transformers on every tiny
 architecture and on the embedded model, and bitwise invariance: a label's first token has the single-token path's
 bits, and an item's label scores are the same alone, among other items and among other labels."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.serving.jobs import Job, label_rows, label_scores, shareable_prefix
+from runtime.requests.jobs import Job, label_rows, label_scores, shareable_prefix
 from tests.runtime.conftest import CASES, random_sequences, scorer_for, small_plan
 
 LABELS = [[5], [7, 9], [1, 2, 3, 4], [11, 12, 13, 14, 15, 16, 17]]

@@ -17,10 +17,10 @@ from runtime.model import lora
 from runtime.model.config import load_config
 from runtime.model.transformer import Kernels, Transformer
 from runtime.model.weights import load_arrays
-from runtime.serving.executables import Executables
-from runtime.serving.jobs import Job, TokenJob
-from runtime.serving.packed import PackedLayout
-from runtime.serving.scorer import Scorer
+from runtime.assembly.executables import Executables
+from runtime.requests.jobs import Job, TokenJob
+from runtime.shapes.packed import PackedLayout
+from runtime.requests.scorer import Scorer
 from tests.conftest import peft_adapter, peft_classifier, torch_label_logprobs
 from tests.runtime.conftest import CASES, FreshRope, random_sequences, small_plan, tiny_checkpoint
 

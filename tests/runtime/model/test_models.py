@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from runtime.serving.buckets import SequenceTooLong
+from runtime.shapes.buckets import SequenceTooLong
 from runtime.model.config import ModelConfigError, config_from_hf, load_config
 from runtime.model.loader import load_model
 from runtime.model.weights import WeightsError, array_shapes, load_arrays

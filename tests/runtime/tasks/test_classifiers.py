@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from runtime.tasks.classifiers import (BUILTIN_TOML, ClassifierError, build_classifiers, load_specs, parse_classifiers,
-                                 resolve)
+                                       resolve)
 from runtime.model.config import config_from_hf
 
 POSITIVE, NEGATIVE = 2731, 3524  # SmolLM2's " positive", " negative"
@@ -181,7 +181,7 @@ def test_bad_classifier_fails_warm_up_loudly(cache_dir, tmp_path, caplog):
     """The engine checks classifiers right after loading the tokenizer, before compiling: /ready stays 503."""
     from handler.core import ScoringCore
     from handler.lifecycle import warm_up
-    from runtime.serving.engine import Engine
+    from runtime.engine import Engine
     from runtime.settings import load_settings
 
     path = tmp_path / "classifiers.toml"

@@ -11,7 +11,7 @@ import scipy.special
 
 from handler.core import ScoringCore
 from handler.http import HttpRequest, PendingScore
-from runtime.serving.engine import Engine
+from runtime.engine import Engine
 from runtime.settings import load_settings
 from runtime.tasks.classifiers import BUILTIN_TOML
 from tests.runtime.model.test_label_tokens import torch_label_sums
@@ -139,7 +139,7 @@ labels = { delighted = " very happy", annoyed = " grumpily annoyed", calm = " ca
 @pytest.fixture(scope="module")
 def embedded_service(tmp_path_factory, cache_dir):
     # Batches of 4 and items in pairs: two inputs cost less after their shared template than in full, whatever
-    # price of a device batch the start measures (runtime.serving.jobs.shared_prefix_length). The built-in
+    # price of a device batch the start measures (runtime.requests.jobs.shared_prefix_length). The built-in
     # sentiment classifier first (the default), then one whose words are several tokens.
     tmp = tmp_path_factory.mktemp("embedded")
     (tmp / "classifiers.toml").write_text(BUILTIN_TOML + MOOD_TOML)

@@ -15,7 +15,7 @@ from handler.core import ScoringCore
 from runtime.interface import ScoreResult
 from handler.http import HttpRequest, PendingScore
 from runtime.model.config import load_config
-from runtime.serving.engine import Engine
+from runtime.engine import Engine
 from runtime.model.loader import load_tokenizer
 from runtime.tasks.rerankers import build_rerankers
 from runtime.settings import load_settings

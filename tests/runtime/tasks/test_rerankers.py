@@ -8,7 +8,7 @@ import pytest
 
 from runtime.model.config import config_from_hf
 from runtime.tasks.rerankers import (BUILTIN_TOML, HEAD_TEMPLATE, RerankerError, build_rerankers, document_cutter,
-                               load_specs, parse_rerankers, resolve)
+                                     load_specs, parse_rerankers, resolve)
 
 YES, NO = 9230, 2838  # SmolLM2's " Yes", " No"
 
@@ -216,7 +216,7 @@ def test_bad_reranker_fails_warm_up_loudly(cache_dir, tmp_path, caplog):
     """The engine checks rerankers right after loading the tokenizer, before compiling: /ready stays 503."""
     from handler.core import ScoringCore
     from handler.lifecycle import warm_up
-    from runtime.serving.engine import Engine
+    from runtime.engine import Engine
     from runtime.settings import load_settings
 
     path = tmp_path / "rerankers.toml"

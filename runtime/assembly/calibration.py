@@ -1,0 +1,60 @@
+"""The service model's first prices, measured at start-up: a few compiled buckets run once each through the scorer
+the engine was built with (runtime.requests.cost holds the model, and corrects it after every device round)."""
+
+from __future__ import annotations
+
+import time
+
+from runtime.interface import Sampling
+from runtime.requests.cost import KINDS, ServiceModel, Work
+from runtime.requests.jobs import Job, TokenJob
+from runtime.requests.scorer import Scorer
+
+
+def calibrate(scorer: Scorer, grow_until: float = 2.0, step_cap_s: float = 0.3) -> ServiceModel:
+    """Seed a ServiceModel by running a few compiled buckets once each, through the scorer itself.
+
+    Full buckets (each timed twice, the quicker run kept): the smallest one, then one of at least 4x its tokens, then
+    further 4x steps while per-token work does not yet show (a run under `grow_until` times the smallest one's) and
+    the next run is predicted to take at most `step_cap_s`; the smallest and the last give the per-batch and
+    per-token prices. Then one completion bucket
+    of about as many tokens (the vocabulary head at every position: about twice the price of a full token on the
+    development CPU). A shared prefix's context and continuation start at the full price (within a third of it,
+    measured) and are told apart by the rounds that run them. On the development CPU three or four buckets; on an
+    accelerator each run takes milliseconds.
+    """
+    plan = scorer.plan
+
+    def timed(job) -> tuple[Work, float]:
+        """The job's work and the quicker of two runs (the other work of a shared machine only ever adds time)."""
+        work, runs = scorer.cost([job]), []
+        for _ in range(2):
+            started = time.perf_counter()
+            scorer.score_jobs([job])
+            runs.append(time.perf_counter() - started)
+        return work, min(runs)
+
+    shortest = plan.lengths[0]
+    small_work, small_s = timed(Job([[1] * shortest], [0]))
+    big_work, big_s = small_work, small_s
+    program = plan.layout.full_program
+    shapes = sorted({program.geometry(bucket)[:2] for bucket in plan.full()}, key=lambda rw: (rw[0] * rw[1], rw[0]))
+    for batch, length in shapes:  # rows of `length` tokens
+        tokens = batch * length
+        if tokens < 4 * big_work.full or tokens > max(plan.max_tokens // 4, shortest):
+            continue
+        if big_work is not small_work and (big_s >= grow_until * small_s or
+                                           big_s * tokens / big_work.full > step_cap_s):
+            break
+        big_work, big_s = timed(Job([[2 + i % 64] + [1] * (length - 1) for i in range(batch)], [0]))  # no common prefix
+    per_token = (big_s - small_s) / (big_work.full - small_work.full) if big_work.full > small_work.full else 0.0
+    per_batch = small_s - per_token * small_work.full
+    if per_token <= 0 or per_batch < 0:  # noise: charge everything to the tokens
+        per_token, per_batch = big_s / max(big_work.full, 1.0), 0.0
+    rates = dict.fromkeys(KINDS, per_token)
+    completions = plan.completions()
+    if completions:
+        batch, length = min(completions, key=lambda b_t: (abs(b_t[0] * b_t[1] - big_work.full), b_t))
+        work, seconds = timed(TokenJob([[1] * length] * batch, [Sampling()] * batch))
+        rates["completion"] = max((seconds - per_batch * work.batches) / work.completion, per_token / 4)
+    return ServiceModel(per_batch, rates)

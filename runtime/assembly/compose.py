@@ -1,0 +1,155 @@
+"""One composition path from settings, a model config (with its weights, or only their shapes) and a set of
+devices (real, or compile-only stand-ins for a target) to a Scorer: what serving starts and what
+`scorefn compile --target` compiles are the same programs under the same executable-store fingerprint.
+
+The devices' backend decides the platform choices (runtime.assembly.platform), never the backend of the process
+that compiles. Without weights the parameter state is abstract (shapes, dtypes and shardings from the config):
+such a scorer compiles and stores every bucket, and a later start with the weights finds them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from runtime.model import invariant, lora
+from runtime.model.config import ModelConfig
+from runtime.model.transformer import Transformer
+from runtime.model.weights import array_shapes
+from runtime.assembly import platform as platforms
+from runtime.shapes.buckets import BucketPlan
+from runtime.assembly.executables import Executables
+from runtime.requests.scorer import Scorer
+from runtime.assembly.sharding import build_mesh_layout, parse_mesh
+from runtime.assembly.store import ExecutableStore
+from runtime.settings import Settings
+
+log = logging.getLogger("scorefn.runtime")
+
+
+def bucket_plan(settings: Settings, platform) -> BucketPlan:
+    return BucketPlan(lengths=settings.length_buckets, max_tokens=platform.max_bucket_tokens,
+                      labels=platform.label_buckets, context_lengths=settings.context_buckets,
+                      prefix_sharing=settings.prefix_sharing, layout=platform.layout,
+                      completion_batches=platform.completion_batch_buckets,
+                      lora=bool(lora.slots(settings.lora_adapters, settings.max_loras)),
+                      label_tokens=settings.max_label_tokens)
+
+
+def executable_store(settings: Settings) -> ExecutableStore:
+    """The executable store of these settings (under the compile cache): what a start loads and a compile fills."""
+    return ExecutableStore(Path(settings.xla_cache_dir) / "executables")
+
+
+def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] | None = None, *,
+            devices: Sequence[Any] | None = None, lazy: bool = False, probe: bool = True, quiet: bool = False,
+            store: ExecutableStore | None = None, cpu: platforms.CpuFormat | None = None, portable: bool = False,
+            adapters: Sequence[lora.Adapter] = ()) -> tuple[Scorer, platforms.Platform]:
+    """(Scorer, Platform) for this model on these devices (default: this host's). `arrays` None: abstract
+    parameters, for compiling only. `probe`: run the cuDNN start-up probe (a real GPU only). `quiet`: no platform
+    log line (the start's second composition says it). `store`: default, the settings' executable store. `cpu`: the
+    CPU feature class and format to build for (default: this process's, runtime.assembly.platform.host_cpu_format).
+    `portable`: the batch-invariant kernels sized as for another CPU (runtime.assembly.platform.fit_to_matmuls).
+    `adapters`: the LoRA adapters loaded for the slots the settings compile (runtime.model.lora; the shapes, and so
+    the programs, depend on the slots and the rank only)."""
+    devices = list(devices if devices is not None else jax.local_devices())
+    data_axis, _ = parse_mesh(settings.mesh, len(devices))
+    platform = platforms.resolve(settings, platforms.backend_of(devices[0]), data_axis, cpu)
+    plan = bucket_plan(settings, platform)
+    slots, rank = lora.slots(settings.lora_adapters, settings.max_loras), settings.max_lora_rank
+    if cfg.task != "causal_lm":  # no language-model head: no per-position log-probabilities
+        plan = dataclasses.replace(plan, completion_batches=())
+    # SCOREFN_MESH; a bad layout (MeshError) stops the start here, before any compilation.
+    mesh = build_mesh_layout(settings.mesh, cfg, plan, devices, platform.kernels.batch_invariant)
+    explicit = settings.attention == "cudnn"
+    platform = platforms.fit_to_model(platform, cfg, plan.max_length, explicit, probe=probe and arrays is not None)
+    platform = platforms.fit_to_layout(platform, mesh, explicit)
+    base = array_shapes(cfg)  # the weights' shapes, from the config (the loader checked the weights against them)
+    projections = lora.projection_shapes(base)
+    shapes = base if not slots else base | lora.stacked_shapes(projections, cfg.num_layers, slots, rank)
+    store = store or executable_store(settings)
+    # The bit classes belong to the host's kernels, not to one store: recorded in the cache directory, every store
+    # of this host shares them (a test's fresh store, a second model) instead of compiling the probe again.
+    platform = platforms.fit_to_matmuls(platform, shapes, cfg.head_dim, portable,
+                                        Path(settings.cache_dir) / "bitclasses.json")
+    if not quiet:
+        host = f"; host {platforms.host_cpu().describe()}" if platform.backend == "cpu" else ""
+        log.info("platform %s%s", platform.describe(), host)
+
+    def model() -> Transformer:
+        if arrays is not None:
+            adapted = arrays if not slots else arrays | lora.stacked(list(adapters), projections, cfg.num_layers,
+                                                                     slots, rank)
+            return Transformer(cfg, adapted, platform.dtype, platform.kernels, plan.max_length, plan.label_tokens)
+        abstract = {name: jax.ShapeDtypeStruct(shape, np.int32 if name == "lora_columns" else np.float32)
+                    for name, shape in shapes.items()}
+        return nnx.eval_shape(lambda a: Transformer(cfg, a, platform.dtype, platform.kernels, plan.max_length,
+                                                    plan.label_tokens), abstract)
+
+    if mesh is None or arrays is None:  # one device (the unsharded runtime), or nothing to place
+        built = model()
+    else:
+        with mesh.staging():  # weights too large for one device are placed shard by shard
+            built = model()
+    exe = Executables(built, shardings=mesh, lazy=lazy, store=store, device=devices[0],
+                      cpu_class=platform.cpu.feature_class if platform.cpu else None)
+    return Scorer(plan, exe), platform
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """What the executable store held for a start, loaded from the model's config alone (runtime.assembly.startup)."""
+    fingerprint: str
+    executables: dict[tuple, Any]  # {(entry point, bucket): executable}
+    cpu: platforms.CpuFormat | None  # a CPU backend: the feature class and format of that set, which the start takes
+    portable: bool = False  # its batch-invariant kernels sized as for any CPU, not this host's own matmuls
+
+
+def load_stored(settings: Settings, cfg: ModelConfig, store: ExecutableStore) -> Stored:
+    """The executables the store holds for this model's start on this host, loaded from its config alone: a start
+    deserializes them while its weights load (the fingerprint needs parameter shapes, not values). On a CPU: the
+    set of this process's own feature class, whole or in part, else a whole set this host runs: its class's compiled
+    on another host (with runtime.model.invariant's MIN_ROWS, when this host's matmuls keep their bits from as few),
+    or the first of a lower class's. An image built on another CPU starts without compiling. Nothing (and no error)
+    when the start would fail anyway; it fails in the real composition, saying why. `store`: the one the start's
+    scorer uses (a set that does not load is then logged once)."""
+    try:
+        own = platforms.host_cpu_format(settings.dtype) if platforms.current_backend() == "cpu" else None
+        scorer, _ = compose(settings, cfg, probe=False, quiet=True, store=store, cpu=own)
+        floor = scorer.exe.model.kernels.min_rows
+        others = () if own is None or floor > invariant.MIN_ROWS else \
+            [own, *(platforms.cpu_format(c, dtype=settings.dtype) for c in platforms.classes_below(own.feature_class))]
+        candidates = itertools.chain([(own, False, scorer)], ((cpu, True, None) for cpu in others))
+        for i, (cpu, portable, scorer) in enumerate(candidates):
+            if scorer is None:
+                scorer, _ = compose(settings, cfg, probe=False, quiet=True, store=store, cpu=cpu, portable=True)
+            keys = [(program.name, bucket) for program, bucket in scorer.plan.programs(cfg.task)]
+            held = sum(store.holds(scorer.exe.fingerprint, *key) for key in keys)
+            if (i == 0 and held) or held == len(keys):
+                break
+        else:
+            return Stored("", {}, own)
+    except Exception as exc:  # e.g. a mesh that cannot be built: the start with the weights reports it
+        log.debug("stored executables not preloaded: %s", exc)
+        return Stored("", {}, None)
+    if cpu is not own:
+        log.warning("executable store: no executables for this host's CPU class %s; taking the whole set compiled "
+                    "for class %s (which this host runs) instead of compiling", own.feature_class, cpu.feature_class)
+    elif portable:
+        log.warning("executable store: no executables for this host's CPU class %s sized by its matmuls' bit classes "
+                    "(from %d rows); taking the whole set compiled for the class elsewhere (from %d)",
+                    own.feature_class, floor, invariant.MIN_ROWS)
+    exe = scorer.exe
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # deserializing releases the GIL
+        loaded = list(pool.map(lambda mk: exe.store.load(exe.fingerprint, *mk), keys))
+    return Stored(exe.fingerprint, {mk: compiled for mk, compiled in zip(keys, loaded) if compiled is not None}, cpu,
+                  portable)

@@ -1,0 +1,227 @@
+"""Ahead-of-time compiled executables of one model, one per (program, bucket), and their warm-up.
+
+Parameters are an argument of every executable (never captured), so the compiled code does not depend on the weights
+and the compiled programs can be kept between starts (runtime.assembly.store). A `jax.stages.Compiled` never
+recompiles: a shape outside the compiled set raises instead. What each program takes is declared in
+runtime.shapes.programs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from runtime.assembly.sharding import MeshLayout
+from runtime.assembly.store import (ExecutableStore, cache_events, cache_hits_in_this_thread, fingerprint,
+                                    fingerprint_parts)
+from runtime.shapes.programs import PROGRAMS, ModelShapes, Program
+
+log = logging.getLogger("scorefn.runtime")
+
+
+def compiler_options(kernels, platform: str) -> dict[str, bool | int]:
+    """XLA options of every program: with the batch-invariant kernels on a GPU, XLA's deterministic mode (its
+    scatter and atomics-based reductions replaced: the same bits every run) and no autotuning (it times candidate
+    kernels at compile time, so two compiles of one program, two instances, could pick two GEMMs: two sets of bits)."""
+    gpu = platform in ("gpu", "cuda", "rocm")  # a compile-only device names its platform
+    if not (kernels.batch_invariant and gpu):
+        return {}
+    return {"xla_gpu_exclude_nondeterministic_ops": True, "xla_gpu_autotune_level": 0}
+
+
+class Executables:
+    """The compiled programs of one model, keyed by (program, bucket)."""
+
+    def __init__(self, model: nnx.Module, shardings: "MeshLayout | None" = None, lazy: bool = False,
+                 store: ExecutableStore | None = None, device: Any | None = None, cpu_class: str | None = None):
+        """`device`: the one device of an unsharded model (default: JAX's default device); a compile-only one
+        compiles for a target. `cpu_class`: the CPU feature class the executables are for (runtime.assembly.store).
+        A model built with nnx.eval_shape has an abstract state: it compiles, never runs."""
+        self.model = model  # its config, kernels and RoPE limit (the state lives in `state`)
+        self.graphdef, self.state = nnx.split(model)
+        self.shapes = ModelShapes.of(model.cfg, model.attention_dtype, model.label_tokens)
+        self.matmul_precision = model.kernels.matmul_precision
+        self.lazy = lazy  # compile a missing bucket on first use: for one-shot CLI runs, never for serving
+        self.shardings = shardings  # or None: a single device, no sharding at all
+        self.device = device or jax.local_devices()[0]
+        self.compiler_options = compiler_options(model.kernels, self.device.platform)
+        # Abstract parameters (no weights) compile and store, never load or run: a target's executables cannot
+        # be loaded into the compiling process (its devices are compile-only stand-ins).
+        self.compile_only = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(self.state))
+        if shardings is not None:
+            self.state = shardings.put_state(self.state)  # every parameter placed with its sharding, once
+        elif self.compile_only:
+            self.state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._one_device),
+                                      self.state)
+        devices = list(shardings.mesh.devices.flat) if shardings is not None else [self.device]
+        self.fingerprint_parts = fingerprint_parts(
+            model, self.state, devices, (shardings.data, shardings.model) if shardings is not None else (1, 1),
+            cpu_class)
+        self.store = store
+        self.fingerprint = fingerprint(self.fingerprint_parts) if store is not None else ""
+        self.stored_bytes: dict[tuple, int] = {}  # (program, bucket) -> serialized size, of those stored here
+        self._compiled: dict[tuple, jax.stages.Compiled] = {}
+        self._lock = threading.Lock()
+        self.compiles = 0  # executables compiled (or loaded from a cache or the store) by this object
+        self.loaded = 0  # of which loaded from the store, without tracing
+
+    def specs(self, program: Program, bucket: tuple[int, ...]) -> tuple[jax.ShapeDtypeStruct, ...]:
+        """The program's argument shapes for this bucket (its declaration), as JAX takes them."""
+        return tuple(jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype in program.args(bucket, self.shapes))
+
+    # ---- warm-up: every bucket loaded or compiled before the first request -------------------------------
+
+    def warm_up(self, programs: list[tuple[Program, tuple[int, ...]]],
+                progress: Callable[[int, str, float], None] | None = None,
+                timings: dict[tuple, float] | None = None) -> int:
+        """Load or compile every (program, bucket) once: from the store when it holds them, else through the
+        persistent cache. Returns how many there are; `progress(done, name, seconds)` after each one; `timings`,
+        when given, gets each (program, bucket)'s seconds."""
+        timings = {} if timings is None else timings
+        if self.store is not None and not self.compile_only and (
+                miss := self.store.explain_miss(self.fingerprint, self.fingerprint_parts)):
+            (log.info if "nothing stored yet" in miss else log.warning)(miss)
+        # Executables in the store load without tracing, on every core (deserializing one releases the GIL: 1.5x
+        # faster in two threads on 2 cores). Tracing holds the GIL, so it runs here one bucket at a time; XLA
+        # compiles (or loads from the persistent cache) in a pool meanwhile, on every core.
+        missing = [(program.name, bucket) for program, bucket in programs if not self.has(program.name, bucket)]
+        todo, done = [], len(programs) - len(missing)
+
+        def load_one(name: str, bucket: tuple) -> tuple[bool, float]:
+            started = time.perf_counter()
+            return self.load_stored(name, bucket), time.perf_counter() - started
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            for (name, bucket), (stored, seconds) in zip(missing, pool.map(lambda nb: load_one(*nb), missing)):
+                if not stored:
+                    todo.append((name, bucket))
+                    continue
+                done += 1
+                timings[(name, bucket)] = seconds
+                if progress:
+                    progress(done, f"{name}{bucket}", seconds)
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            def compile_one(name: str, bucket: tuple, lowered, traced: float) -> tuple[str, float]:
+                started = time.perf_counter()
+                self.add(name, bucket, lowered)
+                timings[(name, bucket)] = traced + time.perf_counter() - started
+                return f"{name}{bucket}", timings[(name, bucket)]
+            futures = []
+            for name, bucket in todo:
+                started = time.perf_counter()
+                lowered = self.lower(name, *self.specs(PROGRAMS[name], bucket))
+                futures.append(pool.submit(compile_one, name, bucket, lowered, time.perf_counter() - started))
+            for future in concurrent.futures.as_completed(futures):
+                label, seconds = future.result()
+                done += 1
+                if progress:
+                    progress(done, label, seconds)
+        return len(programs)
+
+    # ---- one program ------------------------------------------------------------------------------------
+
+    def _entry(self, name: str) -> Callable:
+        graphdef = self.graphdef
+
+        def run(state, *args):
+            model = nnx.merge(graphdef, state)
+            return getattr(model, name)(*args)
+        return run
+
+    @property
+    def _one_device(self) -> jax.sharding.Sharding:
+        return jax.sharding.SingleDeviceSharding(self.device)
+
+    def lower(self, name: str, *example_args: jax.ShapeDtypeStruct) -> jax.stages.Lowered:
+        """Trace a program for the given argument shapes (Python-bound: one thread at a time)."""
+        if self.shardings is None:
+            jitted = jax.jit(self._entry(name))
+            if self.device != jax.local_devices()[0]:  # a compile-only device: the arguments live there
+                example_args = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._one_device)
+                                     for a in example_args)
+        else:
+            jitted = self.shardings.jit(self._entry(name), name, self.state, example_args)
+        # Traced under the mesh (sharded): runtime.model.attention groups rows by its data axis.
+        mesh = jax.set_mesh(self.shardings.mesh) if self.shardings is not None else contextlib.nullcontext()
+        with mesh, jax.default_matmul_precision(self.matmul_precision):  # None: the backend's default
+            return jitted.lower(_abstract(self.state), *example_args)
+
+    def add(self, name: str, bucket: tuple, lowered: jax.stages.Lowered) -> None:
+        """Compile a lowered program (or load it from the persistent cache) and store it; safe from threads."""
+        hits = cache_hits_in_this_thread()
+        compiled = lowered.compile(self.compiler_options)
+        # Only a fresh compilation is stored: on XLA:CPU an executable loaded from the persistent cache serializes
+        # without its generated functions ("NOT_FOUND: Function ... not found" once loaded again; jaxlib 0.10.2).
+        if self.store is not None and cache_hits_in_this_thread() == hits:
+            if not self.stored_bytes:
+                self.store.write_manifest(self.fingerprint, self.fingerprint_parts)
+            size = self.store.save(self.fingerprint, name, bucket, compiled)
+            with self._lock:
+                self.stored_bytes[(name, bucket)] = size
+        with self._lock:
+            self._compiled[(name, bucket)] = compiled
+            self.compiles += 1
+
+    def load_stored(self, name: str, bucket: tuple) -> bool:
+        """Load a bucket's executable from the store without tracing it; False when it is not there."""
+        if self.store is None or self.compile_only:
+            return False
+        compiled = self.store.load(self.fingerprint, name, bucket)
+        if compiled is None:
+            return False
+        with self._lock:
+            self._compiled[(name, bucket)] = compiled
+            self.compiles += 1
+            self.loaded += 1
+        return True
+
+    def adopt(self, fingerprint: str, compiled: dict[tuple, jax.stages.Compiled]) -> int:
+        """Take executables loaded from the store before this object existed (runtime.assembly.compose.load_stored),
+        when they were loaded under this object's fingerprint; returns how many were taken."""
+        if self.compile_only or not fingerprint or fingerprint != self.fingerprint:
+            return 0
+        with self._lock:
+            new = {k: c for k, c in compiled.items() if k not in self._compiled}
+            self._compiled.update(new)
+            self.compiles += len(new)
+            self.loaded += len(new)
+        return len(new)
+
+    def compile(self, name: str, bucket: tuple, *example_args: jax.ShapeDtypeStruct) -> float:
+        """Compile a program for the given argument shapes; return seconds taken."""
+        started = time.perf_counter()
+        self.add(name, bucket, self.lower(name, *example_args))
+        return time.perf_counter() - started
+
+    @staticmethod
+    def backend_compiles() -> int:
+        """XLA compilations in this process, ours or not: constant after warm-up (the proof that requests never
+        compile)."""
+        return cache_events()["backend_compiles"]
+
+    def get(self, name: str, bucket: tuple) -> jax.stages.Compiled:
+        return self._compiled[(name, bucket)]
+
+    def has(self, name: str, bucket: tuple) -> bool:
+        return (name, bucket) in self._compiled
+
+    def __call__(self, name: str, bucket: tuple, *args: Any) -> Any:
+        if (name, bucket) not in self._compiled:
+            if not self.lazy:
+                raise RuntimeError(f"no compiled executable for {name} {bucket}: every bucket must be warmed up")
+            if not self.load_stored(name, bucket):
+                self.compile(name, bucket, *_abstract(args))
+        return self._compiled[(name, bucket)](self.state, *args)
+
+
+def _abstract(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+                        tree)

@@ -1,0 +1,396 @@
+"""Platform choices, decided in one place: dtype, layer loop, attention kernel, matmul precision, bucket layout and
+the default shape buckets, for the backend JAX runs on (cpu, gpu, tpu), and whether cuDNN attention runs a model.
+
+Each choice is a setting whose default, `auto`, means what `resolve` picks here; an explicit setting wins. Why each
+default is what it is, with the measurements behind it and their dates, is in docs/how-it-works.md ("Platform
+choices"); the numbers below in comments are those measurements' conclusions, not copies of the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from runtime.model import attention, invariant
+from runtime.model.config import ModelConfig
+from runtime.model.transformer import Kernels
+from runtime.assembly import bitclasses
+from runtime.shapes.buckets import label_buckets, rounded_up
+from runtime.shapes.grid import GridLayout
+from runtime.shapes.layout import BucketLayout
+from runtime.shapes.packed import PackedLayout
+from runtime.settings import Settings
+
+log = logging.getLogger("scorefn.runtime")
+
+DEFAULT_BUCKETS = {
+    # backend -> (batch buckets, suffix batch buckets, max tokens of one bucket, completion batch buckets)
+    "cpu": ((1, 2, 4, 8, 16, 32), (8, 32), 16384, (1, 8)),
+    "accelerator": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (8, 32, 128, 256, 512), 65536, (1, 16)),
+}
+# Accelerators' batch-invariant kernels run the token stream in chunks of this many tokens (one GEMM shape per matmul,
+# whatever the batch: XLA:GPU's GEMM for a row moved with the number of rows, five bit classes for 1..512 rows on an
+# H100); a single item pays a chunk.
+ACCELERATOR_STREAM_CHUNK = 512
+CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head sizes that are multiples of 8 up to this (the probe checks)
+# CPU feature classes, best first: the flags (as /proc/cpuinfo names them) each needs, and the instruction set XLA:CPU
+# is capped at (XLA_FLAGS=--xla_cpu_max_isa) to compile executables that run on any host of the class. XLA:CPU
+# compiles for the features of the host it compiles on and its loader does not refuse an executable that needs one
+# the host lacks (it logs, and the executable may then stop on an illegal instruction): the executable store keys
+# what it holds by the class it was compiled for (runtime.assembly.store), and a start picks a set its host runs.
+CPU_CLASSES = (("amx", ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f"), "AMX"),
+               ("avx512_bf16", ("avx512_bf16", "avx512f"), "AVX512_BF16"),
+               ("avx512", ("avx512f",), "AVX512"),
+               ("avx2", ("avx2", "fma"), "AVX2"),
+               ("baseline", (), "AVX"))  # what jaxlib itself needs: no executable set goes lower
+CPU_CLASS_NAMES = tuple(name for name, _, _ in CPU_CLASSES)
+# The number format of each CPU class (SCOREFN_DTYPE auto): a fixed table, so the same image on the same class always
+# computes in the same format (a matmul timed at every start flipped it on an AMD EPYC Zen 4 in 1 of 3 idle starts).
+# The figures come from `scorefn platform --probe` (matmul_probe: 2048x576 @ 576x1536, the embedded model's MLP, in
+# float32 and in bfloat16 with float32 accumulation) and `scorefn bench` on 2-core hosts of the class.
+CPU_FORMATS = {
+    "amx": ("bfloat16", "AMX multiplies bfloat16 tiles with float32 accumulation: 1,234 GFLOP/s against 295 in "
+                        "float32 (Intel Xeon, 2026-11-24)"),
+    "avx512_bf16": ("bfloat16", "AVX512-BF16 multiplies bfloat16 pairs with float32 accumulation: 318-373 GFLOP/s "
+                                "against 165-193 in float32, the embedded model 1.5-1.6x as fast end to end (AMD EPYC "
+                                "Zen 4, 2026-11-26)"),
+    "avx512": ("float32", "no bfloat16 matrix instructions: bfloat16 would be emulated (2.7x slower at batch 1, AMD "
+                          "EPYC, 2026-11-23)"),
+    "avx2": ("float32", "no bfloat16 matrix instructions: bfloat16 would be emulated (2.7x slower at batch 1, AMD "
+                        "EPYC, 2026-11-23)"),
+    "baseline": ("float32", "no bfloat16 matrix instructions known"),
+}
+# Classes whose matrix instructions multiply bfloat16 (with float32 accumulation): elsewhere bfloat16 is emulated.
+BF16_MATMUL_CLASSES = tuple(name for name, (dtype, _) in CPU_FORMATS.items() if dtype == "bfloat16")
+CPUINFO = Path("/proc/cpuinfo")
+HEAD_COUNTS = tuple(m for m in bitclasses.ROWS if m <= 256)  # rows of a head's tile the probe compares
+MAX_ISA = re.compile(r"--xla_cpu_max_isa=(\w+)")  # in XLA_FLAGS: the instruction set XLA:CPU compiles up to
+
+
+@dataclasses.dataclass(frozen=True)
+class HostCpu:
+    """The host's CPU as the matmuls see it: its model name and feature flags."""
+    model: str
+    flags: frozenset[str]
+
+    @property
+    def feature_class(self) -> str:
+        """The best of CPU_CLASSES whose flags the CPU has ("baseline" for none, or an unknown CPU)."""
+        return next(name for name, needs, _ in CPU_CLASSES if self.flags.issuperset(needs))
+
+    def runs(self, feature_class: str) -> bool:
+        """Whether executables compiled for `feature_class` run here (it is this CPU's class or a lower one)."""
+        return CPU_CLASS_NAMES.index(feature_class) >= CPU_CLASS_NAMES.index(self.feature_class)
+
+    def describe(self) -> str:
+        shown = " ".join(sorted({flag for _, needs, _ in CPU_CLASSES for flag in needs} & self.flags))
+        return f"{self.model}, feature class {self.feature_class} ({shown or 'none of ' + CPU_CLASSES[-2][0]})"
+
+
+def host_cpu(cpuinfo: str | None = None) -> HostCpu:
+    """The host's CPU from /proc/cpuinfo, or from `cpuinfo` (its text: tests inject other hosts'). An unreadable file
+    gives an unknown CPU of the baseline class."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = CPUINFO.read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip().lower(), value.strip())  # the first processor's
+    flags = fields.get("flags") or fields.get("features") or ""  # x86 / arm
+    return HostCpu(fields.get("model name") or "unknown CPU", frozenset(flags.split()))
+
+
+def compile_class(host: HostCpu | None = None, xla_flags: str | None = None) -> str:
+    """The CPU feature class this process compiles for: the host's, or a lower one where XLA_FLAGS caps the
+    instruction set (--xla_cpu_max_isa, as `scorefn warmup --cpu-class` sets it)."""
+    host = host or host_cpu()
+    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    capped = MAX_ISA.search(flags)
+    isa = capped.group(1).upper() if capped else None
+    cap = next((name for name, _, name_isa in CPU_CLASSES if name_isa == isa), "baseline" if isa else None)
+    if cap is None or not host.runs(cap):
+        return host.feature_class
+    return cap
+
+
+def max_isa_flag(feature_class: str) -> str:
+    """The XLA flag that compiles executables for `feature_class` on a host of a higher one."""
+    return f"--xla_cpu_max_isa={dict((name, isa) for name, _, isa in CPU_CLASSES)[feature_class]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuFormat:
+    """The number format a CPU computes in (SCOREFN_DTYPE auto) for the feature class its executables are compiled
+    for, and why: one line for the start's log, `scorefn bench` and /metrics."""
+    feature_class: str
+    dtype: str  # float32 | bfloat16
+    reason: str
+
+    def describe(self) -> str:
+        return f"CPU class {self.feature_class}: {self.reason}"
+
+
+def matmul_probe(rows: int = 2048, width: int = 576, inner: int = 1536, repeats: int = 15) -> dict[str, float]:
+    """GFLOP/s of one model-shaped matmul ([rows, width] @ [width, inner]) in float32 and in bfloat16 with float32
+    accumulation, as the model computes them; the median of `repeats` runs each. A tool (`scorefn platform --probe`,
+    `scorefn bench`): what CPU_FORMATS was decided from, never a decision at start (timings are noisy)."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((rows, width), np.float32), rng.standard_normal((width, inner), np.float32)
+    figures = {}
+    for dtype in ("float32", "bfloat16"):
+        wd = jax.numpy.asarray(w, dtype)
+        run = jax.jit(lambda a, b: jax.numpy.einsum("ti,io->to", a.astype(b.dtype), b,
+                                                    preferred_element_type=np.float32))
+        run(x, wd).block_until_ready()
+        seconds = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            run(x, wd).block_until_ready()
+            seconds.append(time.perf_counter() - started)
+        figures[dtype] = 2 * rows * width * inner / sorted(seconds)[repeats // 2] / 1e9
+    return figures
+
+
+def cpu_format(feature_class: str, dtype: str = "auto", formats: dict[str, tuple[str, str]] = CPU_FORMATS
+               ) -> CpuFormat:
+    """The class's format from `formats` (CPU_FORMATS; tests inject others); `dtype` (SCOREFN_DTYPE) when not auto."""
+    if dtype != "auto":
+        return CpuFormat(feature_class, dtype, "SCOREFN_DTYPE")
+    return CpuFormat(feature_class, *formats[feature_class])
+
+
+def host_cpu_format(dtype: str = "auto") -> CpuFormat:
+    """This process's CpuFormat: the one of the class it compiles for."""
+    return cpu_format(compile_class(), dtype=dtype)
+
+
+def classes_below(feature_class: str) -> tuple[str, ...]:
+    """The feature classes whose executables run wherever `feature_class`'s do, best first: a start whose own set
+    is not stored takes the first of them the executable store holds whole (runtime.assembly.compose)."""
+    return CPU_CLASS_NAMES[CPU_CLASS_NAMES.index(feature_class) + 1:]
+
+
+@dataclasses.dataclass(frozen=True)
+class Platform:
+    backend: str  # cpu | gpu | tpu
+    dtype: str  # float32 | bfloat16
+    kernels: Kernels
+    layout: BucketLayout  # whole sequences and items after a shared prefix: the grid or packed rows
+    max_bucket_tokens: int
+    completion_batch_buckets: tuple[int, ...]
+    label_buckets: tuple[int, ...] = (4, 16, 64, 256, 1024)
+    # Rounds dispatched and not yet fetched. An accelerator runs one while the host plans and dispatches the next;
+    # on a CPU host and "device" share the cores, so one (and a drain never waits behind a second).
+    rounds_in_flight: int = 1
+    cpu: CpuFormat | None = None  # a CPU backend: the feature class compiled for, and why this dtype
+
+    def info(self) -> dict[str, str]:
+        """The choices a dashboard or client groups by (/metrics scorefn_platform_info)."""
+        cpu = {"cpu_model": host_cpu().model, "cpu_class": self.cpu.feature_class, "dtype_reason": self.cpu.reason
+               } if self.cpu else {}
+        return {"backend": self.backend, "dtype": self.dtype,
+                "batch_invariant": str(self.kernels.batch_invariant).lower(), **cpu}
+
+    def describe(self) -> str:
+        k = self.kernels
+        why = f" ({self.cpu.describe()})" if self.cpu else ""
+        invariant = f"on (matmuls of at least {k.min_rows} rows)" if k.batch_invariant else "off"
+        return (f"{self.backend}: {self.dtype}{why}, batch-invariant {invariant}, "
+                f"layer loop {'unrolled' if k.unroll else 'scanned'}, attention "
+                f"{k.attention} in {k.attention_dtype}, matmul precision {k.matmul_precision or 'default'}, "
+                f"{self.layout.describe()}, completion batches {self.completion_batch_buckets}, labels "
+                f"{self.label_buckets}, at most {self.max_bucket_tokens} tokens per bucket, {self.rounds_in_flight} "
+                f"round(s) in flight")
+
+
+def attention_dtype(backend: str, dtype: str, attention: str) -> str:
+    """Q/K/V in the model's format (float32 softmax and accumulation), except XLA attention on a GPU: float32 there,
+    the exact choice beside cuDNN (which needs bfloat16). On a CPU bfloat16 attention stays within the exactness rule
+    (its error against transformers float32 no larger than transformers bfloat16's): embedded model, 41 prompts x
+    16 labels, three sets, AMD EPYC Zen 4, 2026-11-26: mean 0.016, p99 0.058-0.068, max 0.068-0.157 (float32
+    attention 0.012-0.014 / 0.050-0.056 / 0.060-0.117; transformers bfloat16 0.053-0.056 / 0.22-0.24 / 0.44), and
+    its matmuls run at the bfloat16 speed, with the bfloat16 rows' bit classes (runtime.assembly.bitclasses)."""
+    return "float32" if dtype == "float32" or (backend == "gpu" and attention == "xla") else dtype
+
+
+def current_backend() -> str:
+    return _backend_name(jax.default_backend())
+
+
+def backend_of(device) -> str:
+    """cpu | gpu | tpu of a device, real or compile-only."""
+    return _backend_name(device.platform)
+
+
+def _backend_name(platform: str) -> str:
+    return "gpu" if platform in ("cuda", "rocm", "gpu") else platform
+
+
+def resolve(settings: Settings, backend: str | None = None, data: int = 1, cpu: CpuFormat | None = None) -> Platform:
+    """The platform's choices for `settings` (auto settings filled in) on a mesh whose data axis is `data` devices
+    (it splits every device batch by rows: auto batch buckets are rounded up to multiples of it, explicit ones stay
+    as set and runtime.assembly.sharding names any that do not split); no device work, no model needed. `cpu`: on a
+    CPU backend, the format decided for the class compiled for (default: this process's, host_cpu_format)."""
+    backend = backend or current_backend()
+    accelerator = backend != "cpu"
+    batches, suffix_batches, max_tokens, completion_batches = DEFAULT_BUCKETS["accelerator" if accelerator else "cpu"]
+    if not accelerator:
+        if cpu is None:
+            cpu = host_cpu_format(settings.dtype)
+        elif settings.dtype != "auto":
+            cpu = cpu_format(cpu.feature_class, dtype=settings.dtype)
+    dtype = settings.dtype if settings.dtype != "auto" else ("bfloat16" if accelerator else cpu.dtype)
+    # Scanned everywhere: unrolled, the embedded model's default CPU buckets compiled in ~15 min instead of ~2 on 2
+    # cores, for 67 against 76 ms on one item (and 526 against 459 on 32; bfloat16, Intel Xeon AMX, 2026-11-26).
+    loop = settings.layer_loop if settings.layer_loop != "auto" else "scan"
+    # The batch-invariant kernels run XLA attention over the grid's rows: auto yields to an explicit cudnn or packed.
+    cannot = settings.attention == "cudnn" or settings.bucket_layout == "packed"
+    if settings.batch_invariant == "true" and cannot:
+        raise ValueError("SCOREFN_BATCH_INVARIANT=true needs XLA attention and the grid layout (SCOREFN_ATTENTION="
+                         f"{settings.attention}, SCOREFN_BUCKET_LAYOUT={settings.bucket_layout})")
+    batch_invariant = settings.batch_invariant == "true" or (settings.batch_invariant == "auto" and not accelerator
+                                                             and not cannot)
+    if settings.attention == "pallas" and not batch_invariant:
+        raise ValueError("SCOREFN_ATTENTION=pallas is the batch-invariant kernels' attention: it needs "
+                         "SCOREFN_BATCH_INVARIANT true (or auto on a CPU)")
+    # Batch-invariant on a GPU: its attention as one Pallas kernel over fixed key blocks (a loop of per-tile XLA
+    # dots was 334x the default on an H100); elsewhere XLA's (runtime.model.invariant).
+    attention = settings.attention if settings.attention != "auto" else (
+        "pallas" if backend == "gpu" and batch_invariant else
+        "cudnn" if backend == "gpu" and dtype == "bfloat16" and not batch_invariant else "xla")
+    kernels = Kernels(unroll=loop == "unroll", attention=attention,
+                      attention_dtype=attention_dtype(backend, dtype, attention),
+                      matmul_precision="highest" if accelerator else None, batch_invariant=batch_invariant,
+                      weight_bits=not accelerator,
+                      stream_chunk=ACCELERATOR_STREAM_CHUNK if accelerator and batch_invariant else 0)
+
+    def buckets(explicit: tuple[int, ...] | None, auto: tuple[int, ...]) -> tuple[int, ...]:
+        return explicit or rounded_up(auto, data)
+    layout_name = settings.bucket_layout if settings.bucket_layout != "auto" else (
+        "packed" if accelerator and not batch_invariant else "grid")
+    layout: BucketLayout
+    if layout_name == "packed":  # rows no wider than the longest sequence served
+        width = min(PackedLayout.width, settings.length_buckets[-1])
+        layout = PackedLayout(width=width, narrow=tuple(w for w in PackedLayout.narrow if w < width)).for_data_axis(data)
+    else:
+        layout = GridLayout(buckets(settings.batch_buckets, batches), settings.suffix_length_buckets,
+                            buckets(settings.suffix_batch_buckets, suffix_batches))
+    # Accelerators: two label buckets (each is an executable per slot count); the CPU keeps its finer set.
+    labels = label_buckets(settings.max_labels, (16,) if accelerator else None)
+    return Platform(backend, dtype, kernels, layout, settings.max_bucket_tokens or max_tokens,
+                    buckets(settings.completion_batch_buckets, completion_batches), labels,
+                    rounds_in_flight=2 if accelerator else 1, cpu=None if accelerator else cpu)
+
+
+def fit_to_matmuls(platform: Platform, shapes: dict[str, tuple[int, ...]], head_dim: int, portable: bool,
+                   record: Path | None) -> Platform:
+    """A CPU's batch-invariant kernels sized by its matmuls' bit classes (runtime.assembly.bitclasses, measured once
+    and kept in `record`) when compiling for the host's own class: their smallest matmuls get as many rows as the
+    host's own keep one set of bits from, and the label head's tiles every count of rows that gives a row the bits
+    of a tile of TILE. Otherwise (`portable`: a set compiled for another CPU, `scorefn warmup --cpu-class`, or such
+    a set a start takes) runtime.model.invariant's MIN_ROWS and TILE, which every host measured so far keeps."""
+    kernels = platform.kernels
+    if platform.backend != "cpu" or not kernels.batch_invariant:
+        return platform
+    host = host_cpu().feature_class  # its matmul kernels are picked by its features at run time
+    if portable or (platform.cpu is not None and platform.cpu.feature_class != host):
+        rows, head = invariant.MIN_ROWS, (invariant.TILE, invariant.TILE)
+    else:
+        rows = bitclasses.floor(invariant.matmul_shapes(shapes, platform.dtype, kernels.attention_dtype, head_dim),
+                                host, record)
+        vocab, hidden = shapes["embed"]
+        head = bitclasses.span(((hidden, vocab, "float32"), (vocab, invariant.SUM_COLUMNS, "float32")), host,
+                               invariant.TILE, HEAD_COUNTS, record)
+    return dataclasses.replace(platform, kernels=dataclasses.replace(kernels, min_rows=rows, head_rows=head))
+
+
+def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool,
+                 probe: bool = True) -> Platform:
+    """cuDNN attention only where it runs this model: nothing `cudnn_cannot_run` names, and a start-up probe that
+    agrees with XLA. `explicit`: SCOREFN_ATTENTION asked for cudnn, so a model it cannot run is an error rather
+    than a fallback. `probe` False: compile-only devices cannot run the probe, so the compile assumes it passes (a
+    start whose probe fails compiles with XLA)."""
+    kernels = platform.kernels
+    if kernels.attention != "cudnn":
+        return platform
+    problem = cudnn_cannot_run(cfg, kernels.attention_dtype, max_length) or (
+        cudnn_probe(cfg, kernels.attention_dtype) if probe else None)
+    if problem is None:
+        return platform
+    if explicit:
+        raise ValueError(f"SCOREFN_ATTENTION=cudnn cannot run this model: {problem}")
+    log.warning("attention falls back to XLA: %s", problem)
+    return _with_xla_attention(platform)
+
+
+def cudnn_cannot_run(cfg: ModelConfig, dtype: str, max_length: int) -> str | None:
+    """Why cuDNN attention cannot run this model at these lengths, from the config alone (no device needed, so a
+    deviceless GPU compile can ask too); None when nothing rules it out."""
+    if dtype not in ("bfloat16", "float16"):
+        return f"cuDNN attention needs bfloat16 or float16, not {dtype}"
+    if cfg.head_dim % 8 or cfg.head_dim > CUDNN_MAX_HEAD_DIM:
+        return (f"cuDNN attention runs head sizes that are multiples of 8 up to {CUDNN_MAX_HEAD_DIM}, "
+                f"this model's is {cfg.head_dim}")
+    if cfg.attention_softcap is not None:
+        return (f"{cfg.architecture} soft-caps its attention scores (tanh, cap {cfg.attention_softcap:g}), which "
+                f"cuDNN attention cannot compute; XLA runs its attention")
+    if cfg.sliding_window is not None and cfg.sliding_window < max_length:
+        return f"a sliding window of {cfg.sliding_window} tokens needs masks that cuDNN attention does not take"
+    return None
+
+
+def fit_to_layout(platform: Platform, layout, explicit: bool) -> Platform:
+    """cuDNN attention on a mesh needs queries, keys and values split alike (its partitioner refuses otherwise): a
+    model axis that splits the query heads but not the KV heads runs XLA attention instead."""
+    if platform.kernels.attention != "cudnn" or layout is None or not layout.parts["attention"] or layout.parts["kv"]:
+        return platform
+    problem = (f"the mesh splits the query heads over {layout.model} devices but not the KV heads, and cuDNN "
+               f"attention needs both split alike")
+    if explicit:
+        raise ValueError(f"SCOREFN_ATTENTION=cudnn cannot run this model on this mesh: {problem}")
+    log.warning("attention falls back to XLA: %s", problem)
+    return _with_xla_attention(platform)
+
+
+def _with_xla_attention(platform: Platform) -> Platform:
+    kernels = dataclasses.replace(platform.kernels, attention="xla",
+                                  attention_dtype=attention_dtype(platform.backend, platform.dtype, "xla"))
+    return dataclasses.replace(platform, kernels=kernels)
+
+
+def cudnn_probe(cfg: ModelConfig, dtype: str) -> str | None:
+    """Run both attention calls the model makes through cuDNN and XLA on small random inputs of this model's
+    head layout; None when cuDNN runs them and agrees, else what went wrong."""
+    rng = np.random.default_rng(0)
+    B, T, C, N, K, E = 2, 8, 16, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+    def normal(*shape):
+        return jax.numpy.asarray(rng.standard_normal(shape), dtype)
+
+    q, k, v, ctx_k, ctx_v = normal(B, T, N, E), normal(B, T, K, E), normal(B, T, K, E), normal(C, K, E), normal(C, K, E)
+    ctx_len = np.int32(11)
+    positions = ctx_len + np.broadcast_to(np.arange(T), (B, T))
+
+    def both(implementation):
+        return [np.asarray(out, np.float32) for out in jax.jit(lambda: (
+            attention.causal(q, k, v, None, implementation),
+            attention.after_context(q, k, v, ctx_k, ctx_v, ctx_len, positions, None, implementation)))()]
+    try:
+        cudnn = both("cudnn")
+    except Exception as exc:  # cuDNN missing, too old, or this layout unsupported: XLA still runs it
+        return f"cuDNN attention did not run ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+    xla = both("xla")
+    worst = max(float(np.max(np.abs(a - b))) for a, b in zip(cudnn, xla))
+    if worst > 0.05:  # bfloat16 inputs, outputs of magnitude ~1
+        return f"cuDNN and XLA attention disagree by {worst:.3g} on the start-up probe"
+    return None

@@ -1,0 +1,3 @@
+"""What happens per request: the jobs a request becomes (jobs), what their device work costs (cost), admission and
+device rounds (slices, scheduler), the scorer that runs a round's device batches on the compiled programs (scorer),
+and the traces of a round (spans). Imports the shapes (runtime.shapes), never how a scorer is built."""

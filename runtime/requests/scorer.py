@@ -1,0 +1,249 @@
+"""Scoring on precompiled buckets: plan a round's device batches, dispatch them, then fetch every result at once.
+
+Two ways to score a request's sequences, picked by padded-token cost (runtime.requests.jobs):
+- full: every sequence in a device batch of whole sequences (rows of several requests share them);
+- shared prefix: the longest common token prefix runs once, the items' remaining tokens then attend to its
+  keys/values, with positions continuing after it.
+How rows are laid out in device batches is the plan's bucket layout (runtime.shapes.layout); padding never changes a
+score: real tokens attend only to earlier positions of their own sequence.
+
+`dispatch` launches every device batch of a round without waiting for any (JAX dispatches asynchronously);
+`collect` fetches all their outputs in one transfer. The engine plans and dispatches the next round while the device
+still runs this one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sequence
+
+import jax
+import numpy as np
+
+from runtime.interface import Sampling, TokenLogprobs
+from runtime.requests.cost import Work, plan_work, shared_slice_rows
+from runtime.requests.jobs import Job, TokenJob, shared_prefix_length
+from runtime.shapes.buckets import BucketPlan, SequenceTooLong, fit
+from runtime.shapes.layout import DeviceBatch
+from runtime.shapes.programs import PROGRAMS
+
+
+@dataclasses.dataclass
+class Row:
+    job: int  # index of its request in the round
+    index: int  # its index in the request
+    tokens: Sequence[int]
+    targets: Sequence[int] | None = None  # a label of several tokens its last positions predict (Job.targets)
+
+
+@dataclasses.dataclass
+class Dispatched:
+    """A dispatched round: each device batch's (still on-device) output and the rows it holds, in output order."""
+    jobs: Sequence[Job | TokenJob]
+    pending: list[tuple[Any, list[Row]]]
+    buckets: list[str]  # each device batch's program and bucket, in order of dispatch (traces name them)
+
+
+class Programs(Protocol):
+    """What a scorer needs of the compiled programs (runtime.assembly.executables.Executables builds them): one run
+    on a bucket, and the model they were compiled from (its config and RoPE length limit)."""
+    model: Any
+
+    def __call__(self, program: str, bucket: tuple, *args) -> Any: ...
+
+
+class Scorer:
+    def __init__(self, plan: BucketPlan, executables: Programs):
+        self.plan = plan
+        self.exe = executables
+        self.task = executables.model.cfg.task  # causal_lm | sequence_classification
+        # Longer sequences change their RoPE frequencies (dynamic, longrope), so the context's keys would differ
+        # from each item's own: such requests are scored in full.
+        self.rope_length_limit = executables.model.rope_length_limit
+        self.device_batches = 0  # forward passes run (for /metrics: mean rows per device batch)
+        self.device_rows = 0
+        self.prefix_batches = 0  # of which scored after a shared prefix
+        self._launched: list[str] = []  # the executables the round being dispatched runs
+
+    @property
+    def cfg(self):
+        """The model's config (runtime.model.config.ModelConfig)."""
+        return self.exe.model.cfg
+
+    def check(self, sequences: Sequence[Sequence[int]]) -> None:
+        for seq in sequences:
+            if len(seq) > self.plan.max_length:
+                raise SequenceTooLong(len(seq), self.plan.max_length)
+            if not seq:
+                raise ValueError("cannot score an empty sequence: there is no position to predict from")
+
+    # ---- conveniences (tests, the benchmark, calibration) -------------------------------------------------
+
+    def score(self, sequences: Sequence[Sequence[int]], label_ids: Sequence[int]) -> np.ndarray:
+        """log P(label | sequence) at the position after each sequence: [n_sequences, n_labels] float32."""
+        return self.score_jobs([Job(sequences, label_ids)])[0]
+
+    def token_logprobs(self, sequences: Sequence[Sequence[int]], sampling: Sequence[Sampling] | None = None
+                       ) -> list[TokenLogprobs]:
+        """Per-position log-probabilities of each sequence (greedy next token by default)."""
+        return self.score_jobs([TokenJob(sequences, sampling or [Sampling()] * len(sequences))])[0]
+
+    def score_jobs(self, jobs: Sequence[Job | TokenJob]) -> list:
+        """Run several requests at once; rows of requests scored in full share device batches."""
+        return self.collect(self.dispatch(jobs))
+
+    # ---- plan, dispatch, collect ---------------------------------------------------------------------------
+
+    def cost(self, jobs: Sequence[Job | TokenJob], marginal: bool = False) -> Work:
+        """The device work dispatch(jobs) plans (runtime.requests.cost.plan_work)."""
+        return plan_work(self.plan, jobs, self.rope_length_limit, marginal)
+
+    def slice_rows(self, job: Job | TokenJob) -> int:
+        """The fewest rows of a request worth computing in one slice (runtime.requests.cost.shared_slice_rows)."""
+        return shared_slice_rows(self.plan, job, self.rope_length_limit)
+
+    def dispatch(self, jobs: Sequence[Job | TokenJob]) -> Dispatched:
+        """Check, plan and launch every device batch of these requests; nothing waits for the device."""
+        for job in jobs:
+            self.check(job.sequences)
+            if isinstance(job, Job) and len(job.label_ids) > self.plan.max_labels:
+                raise ValueError(f"{len(job.label_ids)} labels exceed the limit of {self.plan.max_labels}")
+            if isinstance(job, TokenJob) and not self.plan.completion_batches:
+                raise ValueError("this model computes no per-position log-probabilities")
+        pending: list[tuple[Any, list[Row]]] = []
+        self._launched = []
+        full_rows: list[Row] = []
+        token_rows: list[Row] = []
+        for j, job in enumerate(jobs):
+            targets = getattr(job, "targets", None) or [None] * len(job.sequences)
+            rows = [Row(j, i, seq, target) for i, (seq, target) in enumerate(zip(job.sequences, targets))]
+            if isinstance(job, TokenJob):
+                token_rows += rows
+            elif shared := shared_prefix_length(self.plan, job, self.rope_length_limit):
+                pending += self._dispatch_after_prefix(rows, jobs, shared)
+            else:
+                full_rows += rows
+        pending += self._dispatch_full(full_rows, jobs)
+        pending += self._dispatch_tokens(token_rows, jobs)
+        return Dispatched(jobs, pending, self._launched)
+
+    def _run(self, program: str, bucket: tuple, *args):
+        """Launch one executable (runtime.assembly.executables), noting which."""
+        self._launched.append(f"{program}{list(bucket)}")
+        return self.exe(program, bucket, *args)
+
+    def collect(self, dispatched: Dispatched) -> list:
+        """Wait for a dispatched round and fetch all its outputs in one transfer: per job, [n_sequences, n_labels]
+        log-probabilities (Job) or one TokenLogprobs per sequence (TokenJob)."""
+        jobs = dispatched.jobs
+        results: list = [np.empty((len(job.sequences), self._width(job)), np.float32) if isinstance(job, Job)
+                         else [None] * len(job.sequences) for job in jobs]
+        fetched = jax.device_get([output for output, _ in dispatched.pending])
+        for values, (_, rows) in zip(fetched, dispatched.pending):
+            for r, row in enumerate(rows):
+                if row is None:  # a slot another head of the same device batch reads
+                    continue
+                job = jobs[row.job]
+                if isinstance(job, Job):
+                    results[row.job][row.index] = values[r, : self._width(job)]
+                else:
+                    results[row.job][row.index] = _token_logprobs(values, r, len(row.tokens))
+        return results
+
+    def _width(self, job: Job) -> int:
+        """Values a row of a job reads: its labels', or the tail of a label of several tokens."""
+        return self.plan.label_tokens if job.targets is not None else len(job.label_ids)
+
+    def _with_targets(self, batch: DeviceBatch, arrays: tuple, rows: list[Row]) -> tuple:
+        """A device batch's token arguments with its rows' targets before the adapters (which come last)."""
+        targets = [row.targets for row in rows] if any(row.targets for row in rows) else None
+        return *arrays[:-1], batch.targets(targets, self.plan.label_tokens), arrays[-1]
+
+    def _dispatch_full(self, rows: list[Row], jobs: Sequence[Job]) -> list[tuple[Any, list[Row]]]:
+        program = self.plan.layout.full_program.name
+        sequences = [row.tokens for row in rows]
+        adapters = [jobs[row.job].adapter for row in rows]
+        out = []
+        for batch in self.plan.split_full([len(s) for s in sequences]):
+            hidden, tails = self._run(program, batch.bucket,
+                                      *self._with_targets(batch, batch.arrays(sequences, adapters), rows))
+            out += self._read(hidden, tails, batch, rows, jobs)
+        return out
+
+    def _dispatch_after_prefix(self, rows: list[Row], jobs: Sequence[Job], shared: int
+                               ) -> list[tuple[Any, list[Row]]]:
+        """One request's items after its shared prefix of `shared` tokens: the prefix's keys and values once, then
+        the items' device batches attending them. The prefix's keys and values are its adapter's: one request, one
+        adapter."""
+        adapter = jobs[rows[0].job].adapter
+        context = fit(self.plan.contexts(), shared)
+        prefix = np.zeros((1, context), np.int32)
+        prefix[0, :shared] = rows[0].tokens[:shared]
+        ctx_k, ctx_v = self._run("prefill_context", (context,), prefix, np.full((1,), adapter, np.int32))
+        program = self.plan.layout.continuation_program.name
+        items = [row.tokens[shared:] for row in rows]
+        out = []
+        for batch in self.plan.split_suffixes([len(s) for s in items]):
+            arrays = self._with_targets(batch, batch.arrays(items, [adapter] * len(items), start=shared), rows)
+            hidden, tails = self._run(program, (context, *batch.bucket), ctx_k, ctx_v, np.int32(shared), *arrays)
+            self.prefix_batches += 1
+            out += self._read(hidden, tails, batch, rows, jobs)
+        return out
+
+    def _read(self, hidden, tails, batch: DeviceBatch, rows: list[Row], jobs: Sequence[Job]
+              ) -> list[tuple[Any, list[Row | None]]]:
+        """The heads on a device batch's pooled rows: label log-probabilities, a classification model's logits, or
+        a classification adapter's own; or, for rows of labels of several tokens, the targets' log-probabilities
+        the forward pass read (`tails`). Each output with the rows it answers (None: a slot another answers)."""
+        members = [rows[i] for i in batch.members]
+        self.device_batches += 1
+        self.device_rows += len(members)
+        if self.task != "causal_lm":
+            return [(self._run("class_logits", (batch.head_batch,), hidden), members)]
+        out = []
+        labelled = [row if row.targets is not None else None for row in members]
+        if any(labelled):
+            out.append((tails, labelled))
+            members = [None if row.targets is not None else row for row in members]
+            if not any(members):
+                return out
+        own = [row if row is not None and jobs[row.job].head else None for row in members]
+        if any(own):
+            slots = np.zeros((batch.head_batch,), np.int32)
+            for r, row in enumerate(members):
+                slots[r] = jobs[row.job].adapter if row is not None else 0
+            out.append((self._run("lora_class_logits", (batch.head_batch,), hidden, slots), own))
+        vocabulary = [None if row is None or jobs[row.job].head else row for row in members]
+        if any(vocabulary):
+            n_labels = fit(self.plan.labels, max(len(jobs[row.job].label_ids) for row in vocabulary if row))
+            labels = np.zeros((batch.head_batch, n_labels), np.int32)  # padding rows and columns gather label 0
+            for r, row in enumerate(vocabulary):
+                ids = jobs[row.job].label_ids if row is not None else ()
+                labels[r, : len(ids)] = ids
+            out.append((self._run("label_logprobs", (batch.head_batch, n_labels), hidden, labels), vocabulary))
+        return out
+
+    def _dispatch_tokens(self, rows: list[Row], jobs: Sequence[Job | TokenJob]) -> list[tuple[Any, list[Row]]]:
+        program = PROGRAMS["token_logprobs"].name
+        sequences = [row.tokens for row in rows]
+        adapters = [jobs[row.job].adapter for row in rows]
+        out = []
+        for batch in self.plan.split_completions([len(s) for s in sequences]):
+            members = [rows[i] for i in batch.members]
+            tokens, last, adapter = batch.arrays(sequences, adapters)
+            temperature = np.zeros((batch.head_batch,), np.float32)
+            seed = np.zeros((batch.head_batch,), np.uint32)
+            for r, row in enumerate(members):
+                sampling = jobs[row.job].sampling[row.index]
+                temperature[r], seed[r] = sampling.temperature, sampling.seed % 2**32
+            out.append((self._run(program, batch.bucket, tokens, last + 1, temperature, seed, adapter), members))
+            self.device_batches += 1
+            self.device_rows += len(members)
+        return out
+
+
+def _token_logprobs(values, r: int, length: int) -> TokenLogprobs:
+    """Row r of a fetched token_logprobs batch, cut to its sequence's length."""
+    next_logprobs, top_ids, top_logprobs, next_id, next_logprob = values
+    return TokenLogprobs(next_logprobs[r, : length - 1], top_ids[r, :length], top_logprobs[r, :length],
+                         int(next_id[r]), float(next_logprob[r]))

@@ -1,0 +1,57 @@
+"""What device work costs (runtime.requests.cost): the work the plan makes of requests, the service model that predicts
+its seconds and learns them from rounds, and the plan's price of a device batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.interface import Sampling
+from runtime.shapes.buckets import BucketPlan
+from runtime.requests.cost import KINDS, ServiceModel, Work, plan_work, shared_slice_rows
+from runtime.shapes.grid import GridLayout
+from runtime.requests.jobs import Job, TokenJob
+
+PLAN = BucketPlan(lengths=(32, 64), max_tokens=4096, labels=(4,), context_lengths=(32,), prefix_sharing=True,
+                  layout=GridLayout((1, 4, 16), (8,), (4,)), completion_batches=(1, 4))
+
+
+def test_the_work_of_requests_as_the_plan_splits_them():
+    query = list(range(100, 120))
+    full = Job([[i] + [1] * 29 for i in range(5)], [0])  # 5 rows of 30 tokens: batches of 4 and 1 at length 32
+    assert plan_work(PLAN, [full]) == Work(batches=2, full=5 * 32)
+    shared = Job([query + [i] for i in range(8)], [0])  # a 20-token prefix, 8 one-token items in two batches of 4
+    assert plan_work(PLAN, [shared]) == Work(batches=3, context=32, continuation=2 * 4 * 8)
+    tokens = TokenJob([[1] * 10] * 2, [Sampling()] * 2)  # two batches of 1 pad less than one of 4
+    assert plan_work(PLAN, [tokens]) == Work(batches=2, completion=2 * 32)
+    # on a busy device a row pays its share of the largest batch at its length
+    assert plan_work(PLAN, [full], marginal=True) == Work(batches=(4 + 1) / 16, full=5 * 32)
+    assert shared_slice_rows(PLAN, shared) == 4 and shared_slice_rows(PLAN, full) == 1
+
+
+def test_the_service_model_learns_the_device_from_rounds() -> None:
+    true = ServiceModel(0.05, {"full": 1.5e-3, "context": 1e-3, "continuation": 2e-3, "completion": 2e-3})
+    model = ServiceModel(0.2, dict.fromkeys(KINDS, 0.5e-3))  # a poor seed: 4x the batch price, a third of tokens
+    shapes = [Work(batches=1, full=32), Work(batches=4, full=2048), Work(batches=2, context=512, continuation=256),
+              Work(batches=1, completion=256), Work(batches=3, full=256, continuation=1024)]
+    for _ in range(60):
+        for work in shapes:
+            model.observe(work, true.seconds(work))
+    for work in shapes + [Work(batches=10, full=320), Work(batches=1, completion=2048, full=64)]:
+        assert model.seconds(work) == pytest.approx(true.seconds(work), rel=0.15)
+    before = model.seconds(shapes[0])
+    model.observe(shapes[0], 100.0)  # one round slowed by something else moves the estimate a little
+    assert model.seconds(shapes[0]) < 1.6 * before
+
+
+def test_the_plan_prices_a_device_batch_in_tokens_from_the_service_model() -> None:
+    from runtime.shapes.buckets import BucketPlan
+    from runtime.shapes.grid import GridLayout
+
+    plan = BucketPlan(lengths=(64,), max_tokens=4096, labels=(4,), context_lengths=(64,), prefix_sharing=False,
+                      layout=GridLayout((1, 4, 16), (8,), (8,)))
+    assert ServiceModel(0.05, dict.fromkeys(KINDS, 1e-3)).fit_plan(plan).batch_overhead_tokens == pytest.approx(50)
+    assert ServiceModel.neutral().fit_plan(plan).batch_overhead_tokens == pytest.approx(100)
+    assert ServiceModel(1e-12, dict.fromkeys(KINDS, 1e-3)).fit_plan(plan) is plan  # no price told apart: unchanged
+    # 13 rows of 64 tokens: three batches of 4 and one of 1 cost less than one batch of 16 padded by 3 rows
+    assert [c.head_batch for c in ServiceModel(0.05, dict.fromkeys(KINDS, 1e-3)).fit_plan(plan).split_full([64] * 13)] \
+        == [4, 4, 4, 1]
