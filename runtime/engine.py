@@ -22,6 +22,7 @@ from runtime.shapes.buckets import BucketPlan
 from runtime.requests.cost import ServiceModel
 from runtime.requests.jobs import Job, TokenJob, label_rows, label_scores
 from runtime.requests.scheduler import Scheduler
+from runtime.requests.rounds import RoundScorer
 from runtime.requests.slices import Entry, Round
 from runtime.tasks.classifiers import Classifier, adapter_heads, build_classifiers
 from runtime.model.loader import default_model_id
@@ -116,7 +117,7 @@ class Engine:
                        activation="softmax" if len(a.labels) > 1 else "sigmoid", adapter=a.name)
             for a in adapters if a.head is not None)
 
-    def start_with(self, scorer, service: ServiceModel | None = None) -> None:
+    def start_with(self, scorer: RoundScorer, service: ServiceModel | None = None) -> None:
         """Serve with a scorer that is ready to run and the service model of its device (start() passes its
         warmed-up and timed ones; tests a stub scorer, with a neutral model)."""
         self.scorer = scorer
@@ -197,14 +198,9 @@ class Engine:
         return self.submit(sequences, label_ids).result().logprobs
 
     def stats(self) -> dict[str, float | dict[str, float]]:
-        scorer = self.scorer
-        stats: dict[str, float | dict[str, float]] = {
-            "compiles": scorer.exe.compiles if scorer else 0,
-            "backend_compiles": scorer.exe.backend_compiles() if scorer else 0,
-            "queue_depth": 0,
-            "device_batches": scorer.device_batches if scorer else 0,
-            "device_batch_sequences": scorer.device_rows if scorer else 0,
-            **self._counters}
+        counters = self.scorer.counters() if self.scorer else dict.fromkeys(
+            ("compiles", "backend_compiles", "device_batches", "device_batch_sequences"), 0)
+        stats: dict[str, float | dict[str, float]] = {**counters, "queue_depth": 0, **self._counters}
         if self._scheduler is not None:
             stats.update(self._scheduler.stats(), service_seconds_per_batch=self.service.per_batch,
                          service_tokens_per_second=self.service.tokens_per_second())

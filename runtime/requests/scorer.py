@@ -23,6 +23,7 @@ import numpy as np
 from runtime.interface import Sampling, TokenLogprobs
 from runtime.requests.cost import Work, plan_work, shared_slice_rows
 from runtime.requests.jobs import Job, TokenJob, shared_prefix_length
+from runtime.requests.rounds import RoundScorer
 from runtime.shapes.buckets import BucketPlan, SequenceTooLong, fit
 from runtime.shapes.layout import DeviceBatch
 from runtime.shapes.programs import PROGRAMS
@@ -46,13 +47,16 @@ class Dispatched:
 
 class Programs(Protocol):
     """What a scorer needs of the compiled programs (runtime.assembly.executables.Executables builds them): one run
-    on a bucket, and the model they were compiled from (its config and RoPE length limit)."""
+    on a bucket, the model they were compiled from (its config and RoPE length limit), and the compiles counted."""
     model: Any
+    compiles: int
+
+    def backend_compiles(self) -> int: ...
 
     def __call__(self, program: str, bucket: tuple, *args) -> Any: ...
 
 
-class Scorer:
+class Scorer(RoundScorer):
     def __init__(self, plan: BucketPlan, executables: Programs):
         self.plan = plan
         self.exe = executables
@@ -131,6 +135,11 @@ class Scorer:
         """Launch one executable (runtime.assembly.executables), noting which."""
         self._launched.append(f"{program}{list(bucket)}")
         return self.exe(program, bucket, *args)
+
+    def counters(self) -> dict[str, int]:
+        """Programs compiled since the start (requests never compile), and the device batches and rows run."""
+        return {"compiles": self.exe.compiles, "backend_compiles": self.exe.backend_compiles(),
+                "device_batches": self.device_batches, "device_batch_sequences": self.device_rows}
 
     def collect(self, dispatched: Dispatched) -> list:
         """Wait for a dispatched round and fetch all its outputs in one transfer: per job, [n_sequences, n_labels]

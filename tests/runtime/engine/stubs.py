@@ -1,4 +1,5 @@
-"""What the engine's stand-in scorers share: a cost the scheduler can plan with, one batch per job."""
+"""What the engine's stand-in scorers share: a cost the scheduler can plan with, one batch per job, and counters
+(runtime.requests.scorer.RoundScorer: each stand-in adds dispatch and collect)."""
 
 from __future__ import annotations
 
@@ -15,3 +16,7 @@ class TokenCountCost:
     @staticmethod
     def slice_rows(job) -> int:
         return 1
+
+    @staticmethod
+    def counters() -> dict[str, int]:
+        return dict.fromkeys(("compiles", "backend_compiles", "device_batches", "device_batch_sequences"), 0)

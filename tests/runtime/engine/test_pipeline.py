@@ -73,3 +73,16 @@ def test_a_lone_round_is_finished_without_waiting_for_another():
         assert scorer.events == ["dispatch 1", "collect 1"]
     finally:
         engine.stop(5)
+
+
+def test_the_stand_in_scorers_implement_what_the_engine_needs():
+    from runtime.requests.rounds import RoundScorer
+    from runtime.requests.scorer import Scorer
+    from tests.handler.test_tracing import GatedScorer
+    from tests.runtime.engine.test_faults import StubScorer
+
+    assert issubclass(Scorer, RoundScorer)
+    for stand_in in (RecordingScorer, StubScorer, GatedScorer):
+        missing = [name for name in ("cost", "slice_rows", "dispatch", "collect", "counters")
+                   if not callable(getattr(stand_in, name, None))]
+        assert not missing, f"{stand_in.__name__} lacks {missing}"
