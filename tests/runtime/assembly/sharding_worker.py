@@ -16,14 +16,21 @@ import sys
 
 
 class _Recording:
-    """Executables that note which entry points ran."""
+    """Executables that note which entry points ran, and run one at a time (below)."""
 
     def __init__(self, exe):
         self.exe, self.ran = exe, set()
 
     def __call__(self, method, key, *args):
+        import jax
+
         self.ran.add(method)
-        return self.exe(method, key, *args)
+        # One execution at a time: XLA:CPU's in-process collectives on fake devices deadlocked once (~1 fresh-clone
+        # run in 10, 2026-11-27: the 2x2 mesh's four device threads each waiting 40 s at a different all-reduce or
+        # all-to-all, then an abort) while a round's device batches of one sharded program were in flight together,
+        # as the scorer dispatches them. An accelerator orders a device's executions on its stream; what this
+        # worker checks is the numbers and the placement, not the overlap.
+        return jax.block_until_ready(self.exe(method, key, *args))
 
     def __getattr__(self, name):
         return getattr(self.exe, name)
