@@ -64,7 +64,10 @@ RENDEZVOUS_ABORT = "Termination timeout for `all"
 def run_worker(spec: dict) -> tuple[dict, str]:
     """The worker's results and log; run again once if XLA:CPU's in-process collectives aborted it (anything else
     fails at once, and so does a second abort)."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
+    # XLA:CPU aborts a collective whose participants are not all there within 40 s: on 2 cores four fake devices'
+    # threads can be that far apart (seen at 93c779b too, 1 run in 3 on 2026-11-27): give them 5 minutes.
+    flags = " ".join((os.environ.get("XLA_FLAGS", ""), "--xla_cpu_collective_call_terminate_timeout_seconds=300"))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4", "XLA_FLAGS": flags.strip()}
     for _ in range(2):
         done = subprocess.run([sys.executable, "-m", "tests.runtime.assembly.sharding_worker", json.dumps(spec)],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
