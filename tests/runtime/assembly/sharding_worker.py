@@ -25,11 +25,9 @@ class _Recording:
         import jax
 
         self.ran.add(method)
-        # One execution at a time: XLA:CPU's in-process collectives on fake devices deadlocked once (~1 fresh-clone
-        # run in 10, 2026-11-27: the 2x2 mesh's four device threads each waiting 40 s at a different all-reduce or
-        # all-to-all, then an abort) while a round's device batches of one sharded program were in flight together,
-        # as the scorer dispatches them. An accelerator orders a device's executions on its stream; what this
-        # worker checks is the numbers and the placement, not the overlap.
+        # One execution at a time: fewer threads of the fake devices compete for 2 cores while XLA:CPU's in-process
+        # collectives wait for all of them (test_sharding.run_worker gives those waits more time). What this worker
+        # checks is the numbers and the placement, not the overlap of a round's device batches.
         return jax.block_until_ready(self.exe(method, key, *args))
 
     def __getattr__(self, name):
