@@ -57,7 +57,7 @@ def requests(vocab: int, small: bool = False) -> list[tuple[list[list[int]], lis
             ([query + list(range(5 + i, 6 + i + i % 3)) for i in range(12)], [1, 2, 3])]
 
 
-# XLA:CPU aborts a process whose fake devices wait at a collective for 40 s (sharding_worker.py says when it did).
+# XLA:CPU aborts a process whose fake devices wait at a collective longer than its timeout (run_worker below).
 RENDEZVOUS_ABORT = "Termination timeout for `all"
 
 
