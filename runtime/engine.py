@@ -22,7 +22,7 @@ from runtime.shapes.buckets import BucketPlan
 from runtime.requests.cost import ServiceModel
 from runtime.requests.jobs import Job, TokenJob, label_rows, label_scores
 from runtime.requests.scheduler import Scheduler
-from runtime.requests.rounds import RoundScorer
+from runtime.requests.rounds import COUNTERS, RoundScorer
 from runtime.requests.slices import Entry, Round
 from runtime.tasks.classifiers import Classifier, adapter_heads, build_classifiers
 from runtime.model.loader import default_model_id
@@ -198,8 +198,7 @@ class Engine:
         return self.submit(sequences, label_ids).result().logprobs
 
     def stats(self) -> dict[str, float | dict[str, float]]:
-        counters = self.scorer.counters() if self.scorer else dict.fromkeys(
-            ("compiles", "backend_compiles", "device_batches", "device_batch_sequences"), 0)
+        counters = self.scorer.counters() if self.scorer else dict.fromkeys(COUNTERS, 0)
         stats: dict[str, float | dict[str, float]] = {**counters, "queue_depth": 0, **self._counters}
         if self._scheduler is not None:
             stats.update(self._scheduler.stats(), service_seconds_per_batch=self.service.per_batch,

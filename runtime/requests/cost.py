@@ -13,17 +13,12 @@ vocabulary head at every position). The estimate is seeded at start-up by timing
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
-import time
 from typing import Callable, Sequence
 
-from runtime.interface import Sampling
 from runtime.requests.jobs import Job, TokenJob, shared_prefix_length
 from runtime.shapes.buckets import BucketPlan, fit
 from runtime.shapes.layout import DeviceBatch
-
-log = logging.getLogger("scorefn.runtime")
 
 KINDS = ("full", "context", "continuation", "completion")
 

@@ -9,6 +9,10 @@ from runtime.requests.cost import Work
 from runtime.requests.jobs import Job, TokenJob
 
 
+# What a scorer counts for /metrics (RoundScorer.counters).
+COUNTERS = ("compiles", "backend_compiles", "device_batches", "device_batch_sequences")
+
+
 @runtime_checkable
 class RoundScorer(Protocol):
     """What the engine (runtime.engine) needs of a scorer: the device work of jobs, for admission; the rows of a job

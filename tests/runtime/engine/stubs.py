@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from runtime.requests.cost import Work
+from runtime.requests.rounds import COUNTERS
 
 
 class TokenCountCost:
@@ -19,4 +20,4 @@ class TokenCountCost:
 
     @staticmethod
     def counters() -> dict[str, int]:
-        return dict.fromkeys(("compiles", "backend_compiles", "device_batches", "device_batch_sequences"), 0)
+        return dict.fromkeys(COUNTERS, 0)
