@@ -150,6 +150,6 @@ def load_stored(settings: Settings, cfg: ModelConfig, store: ExecutableStore) ->
                     own.feature_class, floor, invariant.MIN_ROWS)
     exe = scorer.exe
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # deserializing releases the GIL
-        loaded = list(pool.map(lambda mk: exe.store.load(exe.fingerprint, *mk), keys))
+        loaded = list(pool.map(lambda mk: exe.store.load(exe.fingerprint, *mk, exe.devices), keys))
     return Stored(exe.fingerprint, {mk: compiled for mk, compiled in zip(keys, loaded) if compiled is not None}, cpu,
                   portable)

@@ -62,9 +62,11 @@ class Executables:
         elif self.compile_only:
             self.state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._one_device),
                                       self.state)
-        devices = list(shardings.mesh.devices.flat) if shardings is not None else [self.device]
+        # The devices the executables run on, in the mesh's order: a stored one is loaded onto exactly these (not
+        # onto every device of the process, JAX's default, which an unsharded program on a many-device host is not).
+        self.devices = list(shardings.mesh.devices.flat) if shardings is not None else [self.device]
         self.fingerprint_parts = fingerprint_parts(
-            model, self.state, devices, (shardings.data, shardings.model) if shardings is not None else (1, 1),
+            model, self.state, self.devices, (shardings.data, shardings.model) if shardings is not None else (1, 1),
             cpu_class)
         self.store = store
         self.fingerprint = fingerprint(self.fingerprint_parts) if store is not None else ""
@@ -174,7 +176,7 @@ class Executables:
         """Load a bucket's executable from the store without tracing it; False when it is not there."""
         if self.store is None or self.compile_only:
             return False
-        compiled = self.store.load(self.fingerprint, name, bucket)
+        compiled = self.store.load(self.fingerprint, name, bucket, self.devices)
         if compiled is None:
             return False
         with self._lock:

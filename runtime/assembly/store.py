@@ -101,12 +101,16 @@ class ExecutableStore:
         """Whether an executable is stored for (program, bucket) under `fingerprint` (not loading it)."""
         return self._path(fingerprint, method, key).is_file()
 
-    def load(self, fingerprint: str, method: str, key: tuple) -> jax.stages.Compiled | None:
+    def load(self, fingerprint: str, method: str, key: tuple, devices: list) -> jax.stages.Compiled | None:
+        """The stored executable, loaded onto `devices` (those it was compiled for, in the mesh's order); None when
+        it is not stored or does not load."""
         path = self._path(fingerprint, method, key)
         if fingerprint in self._unloadable or not path.is_file():
             return None
         try:
-            return serialize_executable.deserialize_and_load(*pickle.loads(zlib.decompress(path.read_bytes())))
+            serialized, in_tree, out_tree = pickle.loads(zlib.decompress(path.read_bytes()))
+            return serialize_executable.deserialize_and_load(serialized, in_tree, out_tree, backend=devices[0].client,
+                                                             execution_devices=devices)
         except Exception as exc:  # unreadable, from another build, or compiled deviceless for a device it does not fit
             with self._lock:  # one line for the set, not one per bucket (nor per loading thread)
                 first = fingerprint not in self._unloadable

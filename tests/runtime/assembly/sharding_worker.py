@@ -16,19 +16,14 @@ import sys
 
 
 class _Recording:
-    """Executables that note which entry points ran, and run one at a time (below)."""
+    """Executables that note which entry points ran."""
 
     def __init__(self, exe):
         self.exe, self.ran = exe, set()
 
     def __call__(self, method, key, *args):
-        import jax
-
         self.ran.add(method)
-        # One execution at a time: fewer threads of the fake devices compete for 2 cores while XLA:CPU's in-process
-        # collectives wait for all of them (test_sharding.run_worker gives those waits more time). What this worker
-        # checks is the numbers and the placement, not the overlap of a round's device batches.
-        return jax.block_until_ready(self.exe(method, key, *args))
+        return self.exe(method, key, *args)
 
     def __getattr__(self, name):
         return getattr(self.exe, name)

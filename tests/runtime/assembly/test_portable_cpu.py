@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import zlib
 from pathlib import Path
 
@@ -79,10 +80,14 @@ def test_the_avx2_set_holds_no_instruction_beyond_avx2(tiny_llama_dir, cache_dir
                     reason="the host has no AVX-512 for a native compile to use")
 def test_a_native_compile_on_an_avx512_host_uses_it():
     """The detector sees what the capped compile leaves out (else the test above could not fail)."""
+    # A constant of this run makes the program new: one the tests' persistent cache holds (from an earlier run in
+    # this checkout) loads from it, and serializes without its object files.
+    salt = np.float32(time.time_ns() % 100_003)
+
     def mlp(x, w_up, w_down):  # a layer's shape: bfloat16 matmuls, an activation, a norm, a softmax
         h = jax.nn.silu(jnp.einsum("td,df->tf", x.astype(jnp.bfloat16), w_up, preferred_element_type=jnp.float32))
         y = jnp.einsum("tf,fd->td", h.astype(jnp.bfloat16), w_down, preferred_element_type=jnp.float32)
-        return jax.nn.softmax(y * jax.lax.rsqrt(jnp.mean(y * y, -1, keepdims=True) + 1e-6) + x, -1)
+        return jax.nn.softmax(y * jax.lax.rsqrt(jnp.mean(y * y, -1, keepdims=True) + 1e-6) + x, -1) + salt
     args = (np.ones((384, 576), np.float32), jnp.ones((576, 1536), jnp.bfloat16), jnp.ones((1536, 576), jnp.bfloat16))
     compiled = jax.jit(mlp).lower(*args).compile()
     assert instructions_beyond_avx2(serialize_executable.serialize(compiled)[0])
