@@ -9,7 +9,8 @@ Weight matmuls take `dtype` inputs (float32 or bfloat16) and accumulate in float
 model's log-probs by up to 0.06 there; bfloat16 on accelerators, where cuDNN needs it). Norms, softmax,
 log-softmax, the residual stream and the embedding/vocabulary head stay in float32. LoRA adapters
 (runtime.model.lora) add each token's own adapter's update to the projections; every entry point takes each row's
-adapter (0: the base model).
+adapter (0: the base model). What the entry points read from the final hidden states (labels' log-probabilities,
+next-token distributions, classification heads) is in runtime.model.heads.
 
 Per-layer differences (Gemma 2/3: sliding or global attention, local or global RoPE base) keep the loop scanned:
 they are arrays the scan reads with each layer's weights (`_layer_data`), not Python branches.
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from runtime.model import attention, invariant, pallas_attention
+from runtime.model import attention, heads, invariant, pallas_attention
 from runtime.model.config import ModelConfig
 from runtime.model.layers import dense, gated_mlp, project, rms_norm, rope_tables, rotate, routed_experts
 
@@ -62,39 +63,7 @@ class Kernels:
     head_rows: tuple[int, int] = (invariant.TILE, invariant.TILE)
 
 
-TOP_K = 20  # runtime.interface.MAX_TOP_LOGPROBS: alternatives computed per position
-HEAD_CHUNK_BYTES = 256 * 2**20  # float32 logits of one chunk of positions in token_logprobs
 NO_WINDOW = 2**30  # the window of a global layer among sliding ones: longer than any sequence
-
-
-def _positions_per_chunk(batch: int, length: int, vocab: int) -> int:
-    """The largest power of two dividing `length` whose [batch, chunk, vocab] float32 logits fit the budget."""
-    chunk = 1
-    while length % (chunk * 2) == 0 and batch * chunk * 2 * vocab * 4 <= HEAD_CHUNK_BYTES:
-        chunk *= 2
-    return chunk
-
-
-TOP_K_GROUP = 16  # vocabulary entries per group of _top_k's first pass
-
-
-def _top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-    """jax.lax.top_k over the last axis, exactly, at the cost of a max: the k largest entries lie in the k groups
-    of TOP_K_GROUP entries with the largest maxima (a group holding one of them has a maximum at least as large,
-    and at most k - 1 other groups can beat it), so one top_k runs over the groups' maxima and one over those
-    groups' entries, in vocabulary order so that ties still go to the lowest id. lax.top_k over a 152k vocabulary
-    was 20x the vocabulary matmul on an H100 and a quarter of it on a CPU; this is a few percent."""
-    *lead, v = x.shape
-    if v < 4 * k * TOP_K_GROUP:  # too few groups to gain
-        return jax.lax.top_k(x, k)
-    grouped = jnp.pad(x, [(0, 0)] * len(lead) + [(0, (-v) % TOP_K_GROUP)], constant_values=-jnp.inf)
-    grouped = grouped.reshape(*lead, -1, TOP_K_GROUP)  # [..., G, TOP_K_GROUP]
-    _, groups = jax.lax.top_k(grouped.max(axis=-1), k)
-    groups = jnp.sort(groups, axis=-1)  # [..., k]
-    candidates = jnp.take_along_axis(grouped, groups[..., None], axis=-2).reshape(*lead, k * TOP_K_GROUP)
-    ids = (groups[..., None] * TOP_K_GROUP + jnp.arange(TOP_K_GROUP)).reshape(*lead, k * TOP_K_GROUP)
-    values, picked = jax.lax.top_k(candidates, k)
-    return values, jnp.take_along_axis(ids, picked, axis=-1)
 
 
 def _frequencies(table: jax.Array, lengths: jax.Array | None) -> jax.Array:
@@ -478,39 +447,15 @@ class Transformer(nnx.Module):
         last = jnp.take(h.reshape(R * W, D), last_index, axis=0)  # [M, D]
         return self._normed(last)
 
-    def _vocab_head(self) -> jax.Array:
-        """The vocabulary projection [V, D]: the embedding when the model ties them."""
-        return self.embed[...] if self.lm_head is None else self.lm_head[...]
-
-    def _final_logits(self, logits: jax.Array) -> jax.Array:
-        """What a family does to the vocabulary logits: Granite divides them, Gemma 2/3 soft-cap them."""
-        cfg = self.cfg
-        if cfg.logits_divisor != 1.0:
-            logits = logits / cfg.logits_divisor
-        if cfg.final_softcap is not None:
-            logits = jnp.tanh(logits / cfg.final_softcap) * cfg.final_softcap
-        return logits
+    def _vocab_head(self) -> heads.VocabHead:
+        """The vocabulary projection (the embedding when the model ties them) and the family's logit changes."""
+        weight = self.embed[...] if self.lm_head is None else self.lm_head[...]
+        return heads.VocabHead(weight, self.cfg.logits_divisor, self.cfg.final_softcap,
+                               self.kernels.head_rows if self.kernels.batch_invariant else None)
 
     def label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
         """hidden [B, D], labels [B, L] (per row) -> log P(label) over the full vocabulary [B, L] float32."""
-        if not self.kernels.batch_invariant:
-            return self._label_logprobs(hidden, labels)
-        tile = invariant.head_tile(hidden.shape[0], self.kernels.head_rows)
-        return invariant.rowwise(lambda xs: self._invariant_label_logprobs(*xs), (hidden, labels), tile)
-
-    def _invariant_label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
-        """A tile of rows, each with the bits it has in any other tile of head_rows: the logits' matmul rows keep
-        them, the labels' logits are read off it and its log-sum-exp sums with a matmul."""
-        logits = self._final_logits(invariant.matmul(hidden, self._vocab_head(), ((1,), (1,))))  # [tile, V]
-        return jnp.take_along_axis(logits, labels, axis=1) - invariant.logsumexp(logits)[:, None]
-
-    def _label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
-        head = self._vocab_head()
-        logits = self._final_logits(jnp.einsum("bd,vd->bv", hidden, head, preferred_element_type=F32))
-        # The labels' logits as an elementwise product and sum rather than read off the matmul: XLA picks
-        # matmul kernels by batch size, and this keeps a row's score the same in any batch (~1e-5 better).
-        label_logits = self._final_logits(jnp.sum(hidden[:, None, :] * jnp.take(head, labels, axis=0), axis=-1))
-        return label_logits - jax.nn.logsumexp(logits, axis=1, keepdims=True)
+        return heads.label_logprobs(self._vocab_head(), hidden, labels)
 
     def token_logprobs(self, tokens: jax.Array, lengths: jax.Array, temperature: jax.Array, seed: jax.Array,
                        adapters: jax.Array):
@@ -519,67 +464,19 @@ class Transformer(nnx.Module):
         tokens [B, T] right-padded, lengths [B]; per row a sampling temperature [B] (0: the most likely token)
         and seed [B] (uint32) and LoRA adapter [B] (0: the base model). Returns
           next_logprobs [B, T]: log P(tokens[t + 1]) after position t (meaningless at t >= length - 1),
-          top_ids, top_logprobs [B, T, TOP_K]: the most likely next tokens after each position, best first,
+          top_ids, top_logprobs [B, T, heads.TOP_K]: the most likely next tokens after each position, best first,
           next_id, next_logprob [B]: the token chosen after the whole row, and its log-probability.
-        The vocabulary projection runs over chunks of positions (a scan), each at most HEAD_CHUNK_BYTES of
-        float32 logits (batch-invariant kernels: fixed tiles of positions); a chosen token's log-probability and its
-        top-k entry are the same float."""
+        The layers run here, the readout in runtime.model.heads.token_logprobs."""
         B, T = tokens.shape
         h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)), lengths=lengths, adapters=adapters)
-        head = self._vocab_head()  # [V, D]
-        targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1), tokens.dtype)], axis=1)  # next token [B, T]
-
-        def read(xs):
-            h_c, t_c = xs  # [B, c, D], [B, c]
-            logits = self._final_logits(jnp.einsum("bcd,vd->bcv", h_c, head, preferred_element_type=F32))
-            lse = jax.nn.logsumexp(logits, axis=-1)
-            chosen = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0] - lse
-            top_values, top_ids = _top_k(logits, TOP_K)
-            return chosen, top_ids.astype(jnp.int32), top_values - lse[..., None]
-
-        if self.kernels.batch_invariant:  # every position in fixed tiles of positions, whatever the batch
-            def read_tile(xs):
-                h_t, t_t = xs  # [tile, D], [tile]
-                return tuple(a[0] for a in read((self._normed(h_t)[None], t_t[None])))
-            flat = invariant.rowwise(read_tile, (h.reshape(B * T, -1), targets.reshape(B * T)),
-                                     invariant.POSITION_TILE)
-            next_logprobs, top_ids, top_logprobs = (a.reshape(B, T, *a.shape[1:]) for a in flat)
-        else:
-            normed = self._normed(h)  # [B, T, D]
-            chunk = _positions_per_chunk(B, T, head.shape[0])
-
-            def chunked(x):  # [B, T, ...] -> [T / c, B, c, ...]
-                return jnp.moveaxis(x.reshape(B, T // chunk, chunk, *x.shape[2:]), 1, 0)
-
-            def unchunked(x):  # [T / c, B, c, ...] -> [B, T, ...]
-                return jnp.moveaxis(x, 0, 1).reshape(B, T, *x.shape[3:])
-            next_logprobs, top_ids, top_logprobs = map(unchunked,
-                                                       jax.lax.map(read, (chunked(normed), chunked(targets))))
-        last = lengths - 1
-        greedy = jnp.take_along_axis(top_ids, last[:, None, None], axis=1)[:, 0, 0]
-        greedy_logprob = jnp.take_along_axis(top_logprobs, last[:, None, None], axis=1)[:, 0, 0]
-        # Drawn at a temperature: from the last position's whole distribution, with the row's own generator.
-        last_logprobs = self._rows(lambda x: jax.nn.log_softmax(
-            self._final_logits(jnp.einsum("bd,vd->bv", x, head, preferred_element_type=F32))), self._pool(h, last))
-        drawn = jax.vmap(lambda s, lp, t: jax.random.categorical(jax.random.key(s), lp / t))(
-            seed, last_logprobs, jnp.maximum(temperature, 1e-6))
-        sample = temperature > 0
-        next_id = jnp.where(sample, drawn, greedy).astype(jnp.int32)
-        next_logprob = jnp.where(sample, jnp.take_along_axis(last_logprobs, drawn[:, None], axis=1)[:, 0],
-                                 greedy_logprob)
-        return next_logprobs, top_ids, top_logprobs, next_id, next_logprob
+        return heads.token_logprobs(self._vocab_head(), h, tokens, lengths, temperature, seed, self._normed,
+                                    self._rows)
 
     def lora_class_logits(self, hidden: jax.Array, adapters: jax.Array) -> jax.Array:
         """A classification adapter's own head (runtime.model.lora): hidden [B, D] and each row's adapter [B] ->
         raw logits [B, MAX_HEAD_LABELS] float32 (past an adapter's labels: 0)."""
-        def rows(xs):
-            h, slot = xs
-            heads = jnp.take(self.lora_heads[...], jnp.maximum(slot - 1, 0), axis=0)  # [B, labels, D]
-            return jnp.einsum("bd,bld->bl", h, heads, preferred_element_type=F32)
-        return self._rows(rows, (hidden, adapters))
+        return heads.lora_class_logits(self.lora_heads[...], hidden, adapters, self._rows)
 
     def class_logits(self, hidden: jax.Array) -> jax.Array:
         """Sequence-classification head: hidden [B, D] -> raw logits [B, num_labels] float32."""
-        head = self.score_head[...]
-        return self._rows(lambda x: jnp.einsum("bd,nd->bn", x.astype(head.dtype), head, preferred_element_type=F32),
-                          hidden)
+        return heads.class_logits(self.score_head[...], hidden, self._rows)

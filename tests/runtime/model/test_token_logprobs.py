@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.model import transformer as model_module
+from runtime.model import heads
 from runtime.interface import MAX_TOP_LOGPROBS, Sampling
 from tests.runtime.conftest import CASES, random_sequences, scorer_for, small_plan, tiny_checkpoint
 
@@ -55,8 +55,8 @@ def test_the_head_runs_in_chunks_of_positions_with_the_same_results(tmp_path, mo
     tiny_checkpoint("llama", tmp_path)
     sequences = random_sequences(np.random.default_rng(8), 4, 20, 32, 128)
     whole = scorer_for(tmp_path, "float32", plan_with_completions()).token_logprobs(sequences)
-    monkeypatch.setattr(model_module, "HEAD_CHUNK_BYTES", 4 * 2 * 128 * 4)  # two positions of 4 rows per chunk
-    assert model_module._positions_per_chunk(4, 32, 128) == 2
+    monkeypatch.setattr(heads, "HEAD_CHUNK_BYTES", 4 * 2 * 128 * 4)  # two positions of 4 rows per chunk
+    assert heads._positions_per_chunk(4, 32, 128) == 2
     chunked = scorer_for(tmp_path, "float32", plan_with_completions()).token_logprobs(sequences)
     for a, b in zip(whole, chunked):
         np.testing.assert_allclose(a.next_logprobs, b.next_logprobs, atol=1e-6, rtol=0)
@@ -99,7 +99,7 @@ def test_grouped_top_k_is_lax_top_k(vocab):
     import jax
     import jax.numpy as jnp
 
-    from runtime.model.transformer import TOP_K, _top_k
+    from runtime.model.heads import TOP_K, _top_k
 
     rng = np.random.default_rng(vocab)
     for logits in (rng.normal(size=(6, vocab)), np.round(rng.normal(size=(6, vocab)) * 2)):
