@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from runtime.model import heads
+from runtime.model.transformer import Kernels
 from runtime.interface import MAX_TOP_LOGPROBS, Sampling
 from tests.runtime.conftest import CASES, random_sequences, scorer_for, small_plan, tiny_checkpoint
 
@@ -52,13 +53,16 @@ def test_every_position_matches_transformers(tiny_case):
 
 
 def test_the_head_runs_in_chunks_of_positions_with_the_same_results(tmp_path, monkeypatch):
-    tiny_checkpoint("llama", tmp_path)
+    """The default kernels' head (the accelerators' path; the CPU runs the batch-invariant one, in tiles of positions)
+    over chunks of positions: the same results as over all positions at once, and as transformers."""
+    torch_model = tiny_checkpoint("llama", tmp_path)
     sequences = random_sequences(np.random.default_rng(8), 4, 20, 32, 128)
-    whole = scorer_for(tmp_path, "float32", plan_with_completions()).token_logprobs(sequences)
+    whole = scorer_for(tmp_path, "float32", plan_with_completions(), kernels=Kernels()).token_logprobs(sequences)
     monkeypatch.setattr(heads, "HEAD_CHUNK_BYTES", 4 * 2 * 128 * 4)  # two positions of 4 rows per chunk
     assert heads._positions_per_chunk(4, 32, 128) == 2
-    chunked = scorer_for(tmp_path, "float32", plan_with_completions()).token_logprobs(sequences)
-    for a, b in zip(whole, chunked):
+    chunked = scorer_for(tmp_path, "float32", plan_with_completions(), kernels=Kernels()).token_logprobs(sequences)
+    for a, b, sequence in zip(whole, chunked, sequences):
+        assert_matches(b, torch_log_softmax(torch_model, sequence), sequence, atol=1e-4)
         np.testing.assert_allclose(a.next_logprobs, b.next_logprobs, atol=1e-6, rtol=0)
         np.testing.assert_array_equal(a.top_ids, b.top_ids)
         assert a.next_id == b.next_id
