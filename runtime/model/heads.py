@@ -65,10 +65,11 @@ def _label_logprobs(head: VocabHead, hidden: jax.Array, labels: jax.Array) -> ja
     return label_logits - jax.nn.logsumexp(logits, axis=1, keepdims=True)
 
 
-def token_logprobs(head: VocabHead, h: jax.Array, tokens: jax.Array, lengths: jax.Array, temperature: jax.Array,
-                   seed: jax.Array, normed: Normed, rows: Rows):
+def token_logprobs(head: VocabHead, h: jax.Array, pooled: jax.Array, tokens: jax.Array, lengths: jax.Array,
+                   temperature: jax.Array, seed: jax.Array, normed: Normed, rows: Rows):
     """Every position's next-token distribution from the trunk's hidden states h [B, T, D] (before the final
-    norm), read without materializing [B, T, V] logits at once; the outputs of Transformer.token_logprobs.
+    norm; `pooled` [B, D]: each row's last position, normed, as the trunk pools it), read without materializing
+    [B, T, V] logits at once; the outputs of Transformer.token_logprobs.
     The vocabulary projection runs over chunks of positions (a scan), each at most HEAD_CHUNK_BYTES of
     float32 logits (batch-invariant kernels: fixed tiles of positions); a chosen token's log-probability and its
     top-k entry are the same float."""
@@ -104,7 +105,6 @@ def token_logprobs(head: VocabHead, h: jax.Array, tokens: jax.Array, lengths: ja
     greedy = jnp.take_along_axis(top_ids, last[:, None, None], axis=1)[:, 0, 0]
     greedy_logprob = jnp.take_along_axis(top_logprobs, last[:, None, None], axis=1)[:, 0, 0]
     # Drawn at a temperature: from the last position's whole distribution, with the row's own generator.
-    pooled = rows(normed, jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0])  # [B, D]
     last_logprobs = rows(lambda x: jax.nn.log_softmax(
         head.final(jnp.einsum("bd,vd->bv", x, weight, preferred_element_type=F32))), pooled)
     drawn = jax.vmap(lambda s, lp, t: jax.random.categorical(jax.random.key(s), lp / t))(

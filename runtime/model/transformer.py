@@ -469,8 +469,8 @@ class Transformer(nnx.Module):
         The layers run here, the readout in runtime.model.heads.token_logprobs."""
         B, T = tokens.shape
         h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)), lengths=lengths, adapters=adapters)
-        return heads.token_logprobs(self._vocab_head(), h, tokens, lengths, temperature, seed, self._normed,
-                                    self._rows)
+        return heads.token_logprobs(self._vocab_head(), h, self._pool(h, lengths - 1), tokens, lengths, temperature,
+                                    seed, self._normed, self._rows)
 
     def lora_class_logits(self, hidden: jax.Array, adapters: jax.Array) -> jax.Array:
         """A classification adapter's own head (runtime.model.lora): hidden [B, D] and each row's adapter [B] ->
