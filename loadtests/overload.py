@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.rss import RssSampler, slope_mb_per_min
-from runtime.requests.scheduler import round_budget
+from runtime.requests.round_builder import round_budget
 from runtime.settings import load_settings
 from runtime.tools.serverproc import ServerProcess
 

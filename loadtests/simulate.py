@@ -127,7 +127,7 @@ def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, 
             at(now[0], "arrive", (record["kind"], None, None))  # the bulk client's next request
 
     def dispatch() -> None:
-        while not busy[0] and scheduler._queue:
+        while not busy[0] and scheduler.backlog.queue:
             round = scheduler.next_round()
             if round is None:
                 return

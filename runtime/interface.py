@@ -71,7 +71,7 @@ class EngineError(Exception):
 
 class QueueFull(EngineError):
     """The engine takes no more work for now (-> 429 with Retry-After): the request cannot be answered in time, the
-    instance is overloaded, or SCOREFN_MAX_QUEUE requests are waiting (runtime.requests.scheduler). `retry_after_s`:
+    instance is overloaded, or SCOREFN_MAX_QUEUE requests are waiting (runtime.requests.admission). `retry_after_s`:
     whole seconds until the work ahead is predicted to have drained enough (at least 1); `reason`: wait, deadline, late,
     overload or queue; `predicted`: what admission predicted for it."""
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def engine(tiny_llama_dir, cache_dir, tmp_path_factory):
     # A wait budget this machine's device meets for all of a test's requests at once: these tests are about
-    # coalescing, not admission (tests/runtime/requests/test_scheduler.py).
+    # coalescing, not admission (tests/runtime/requests/test_admission.py).
     engine = Engine(small_settings(tiny_llama_dir, cache_dir, tmp_path_factory.mktemp("xla"),
                                    length_buckets=(32, 64), batch_buckets=(1, 4, 16), batch_wait_ms=50.0,
                                    max_labels=16, max_wait_s=600.0))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from loadtests.simulate import MIX, simulate, summarize
-from runtime.requests.scheduler import round_budget
+from runtime.requests.round_builder import round_budget
 from runtime.settings import load_settings
 
 MAX_WAIT_S = 2.0

@@ -1,0 +1,214 @@
+"""Admission: queue a request only while it can be answered in time, refuse it (QueueFull, with Retry-After)
+otherwise, and under overload refuse every kind of request alike.
+
+The rules (`own`: the request's work; `ahead`: the remaining work of the queued requests shorter than it;
+`inflight`: the rounds dispatched and not done; `packing`: what rounds cost as planned over what their slices were
+priced at; OLDEST_SHARE: the oldest request's share of a round, runtime.requests.round_builder):
+
+    wait = inflight + ahead / (1 - OLDEST_SHARE)  (no share taken when the oldest request is ahead anyway)
+    small:   inflight + packing * (ahead / (1 - OLDEST_SHARE) + own) <= max_wait
+                                               (it is answered within SCOREFN_MAX_WAIT_S)
+    any:     now + wait <= deadline            (it starts before SCOREFN_REQUEST_TIMEOUT_S)
+    overload (offered work above the device's capacity over the last 30 s and the last 5 s):
+             backlog <= BACKLOG_WAITS * max_wait
+
+Work is priced as a share of a full device batch, as on a busy device; but a round fills batches only as far as its
+budget lets it. A flood of one-item requests runs ~6 a round, in two batches of 4 rows, at 1.9x their price, and they
+waited 1.6x their predicted wait (p50 3.6 s for 2 s; AMD EPYC, 2026-11-26). So the promise to small requests counts the
+work ahead of them at what rounds really cost: `packing`, the rounds' planned cost over their slices' price, a moving
+average over the last rounds (never below 1). The other rules keep the price: they bound work, not a wait.
+
+The backlog is all the work admitted and not done (in flight and queued), so under overload the queue drains to it and
+what was admitted before the overload was noticed is done before more is let in: once the load drops, the instance is
+back to normal as soon as that backlog is done. Offered work counts each request's up to SCOREFN_MAX_WAIT_S, and a
+request refused and sent again within the long window counts once: a client that retries after every Retry-After does
+not keep an overload alive. The overload rule does not depend on the request, so under overload every kind of request
+is refused in the same proportion and answered in proportion to what it asks; below capacity it never applies, so
+bursts are queued, not refused. Otherwise QueueFull, with the seconds until the work ahead has drained enough as
+Retry-After. SCOREFN_MAX_QUEUE stays a hard cap on the number of queued requests. A small request admitted that can no
+longer start in time, the device running slower than predicted, is refused when the round before it is taken. Pure
+Python.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import time
+from typing import Any, Callable
+
+from runtime.interface import Prediction, QueueFull, ShuttingDown
+from runtime.requests.backlog import Backlog
+from runtime.requests.cost import Work
+from runtime.requests.round_builder import RoundBuilder
+from runtime.requests.slices import Admission, Entry
+
+
+def fingerprint(job: Any) -> int:
+    """Tells a request sent again from a new one: its token sequences (a Job's or a TokenJob's)."""
+    return hash(tuple(map(tuple, job.sequences)))
+
+
+class AdmissionControl:
+    """Decides, on the request threads, which requests join the backlog's queue; counts what it refuses."""
+
+    BACKLOG_WAITS = 4.0  # under overload, the backlog is kept within this many SCOREFN_MAX_WAIT_S
+    # Offered work is averaged over two windows: an overload is a load above capacity over both the long one (many
+    # requests: a burst is not an overload) and the short one (it is still going on: the load has not dropped).
+    LOAD_WINDOWS_S = (30.0, 5.0)
+
+    def __init__(self, backlog: Backlog, cost: Callable[[Any], Work], max_queue: int, max_wait_s: float,
+                 round_s: float, slice_rows: Callable[[Any], int] | None = None) -> None:
+        """`cost(job)`: a request's device work on a busy device (what it adds to a round); `round_s`: a round's
+        budget; `slice_rows(job)`: the fewest of its rows worth a slice (default 1)."""
+        self.backlog = backlog
+        self.model = backlog.model
+        self.max_queue = max_queue
+        self.max_wait_s = max_wait_s
+        self.round_s = round_s
+        self.backlog_limit_s = self.BACKLOG_WAITS * max_wait_s
+        self.refused = {"wait": 0, "deadline": 0, "overload": 0, "queue": 0, "late": 0}
+        self.admitted = 0
+        self._cost = cost
+        self._min_rows = slice_rows or (lambda job: 1)
+        self._clock = backlog.clock
+        self._offered = [0.0] * len(self.LOAD_WINDOWS_S)  # decayed sums of the work asked for (each request's up to
+        self._offered_at = self._clock()  # max_wait) over each window
+        self._refused_at: dict[int, float] = {}  # fingerprint -> when, for the requests refused within the long window
+        self._closed = False  # no new work
+
+    def admit(self, job: Any, deadline: float | None, request_id: str | None,
+              trace: Any = None) -> concurrent.futures.Future:
+        """Queue a request, or raise QueueFull (or ShuttingDown); `trace` (runtime.requests.spans.RequestTrace) is told
+        the decision."""
+        try:
+            entry = self._admit(job, deadline, request_id, trace)
+        except Exception as refusal:
+            if trace is not None:
+                trace.refused(refusal)
+            raise
+        if trace is not None:
+            trace.admitted(entry.admission)
+        return entry.future
+
+    def _admit(self, job: Any, deadline: float | None, request_id: str | None, trace: Any) -> Entry:
+        work = self._cost(job)  # outside the lock: finding a shared prefix reads every sequence
+        shared = Work(batches=1, context=work.context) if work.context else Work()
+        entry = Entry(job, deadline, request_id, shared, (work - shared) * (1 / len(job.sequences)),
+                      min_rows=self._min_rows(job), trace=trace)
+        # Outside the lock too (it reads every token), while refusals are remembered: is it one sent again?
+        key = fingerprint(job) if self._refused_at else None
+        with self.backlog.lock:
+            if self._closed:
+                raise ShuttingDown("the server is shutting down")
+            if len(self.backlog.queue) >= self.max_queue:
+                self.refused["queue"] += 1
+                raise QueueFull(f"{self.max_queue} requests are already waiting (SCOREFN_MAX_QUEUE)",
+                                retry_after_s=self.backlog.in_flight_s() + self.round_s)
+            now = self._clock()
+            own = self.model.seconds(work)
+            self._forget_refusals(now)
+            load = self._offer(now, 0.0 if key in self._refused_at else own)
+            entry.admission = Admission(own, self.wait_s(own), load)
+            try:
+                self._refuse_if_late(entry, now)
+            except QueueFull:
+                key = fingerprint(job) if key is None else key
+                self._refused_at.pop(key, None)  # to the end: the dict stays in order of refusal
+                self._refused_at[key] = now
+                raise
+            self._refused_at.pop(key, None)
+            entry.submitted = now
+            self.admitted += 1
+            if trace is not None:
+                trace.queued()
+            self.backlog.queue.append(entry)
+            self.backlog.lock.notify_all()
+        return entry
+
+    def _refuse_if_late(self, entry: Entry, now: float) -> None:
+        """Raise QueueFull when the entry cannot be answered in time (lock held); see the module's rules."""
+        own, wait, load = entry.admission.own_s, entry.admission.wait_s, entry.admission.load
+        refusals = []  # (seconds over, reason, what the client is told)
+        if own <= self.max_wait_s / 2 and (wait := self._packed_wait_s(own)) + own > self.max_wait_s:
+            refusals.append((wait + own - self.max_wait_s, "wait", f"this request would wait {wait:.1f} s for the "
+                             f"device (its own work: {own:.1f} s), over the limit of {self.max_wait_s:g} s "
+                             f"(SCOREFN_MAX_WAIT_S)"))
+        if entry.deadline is not None and now + wait > entry.deadline:
+            refusals.append((now + wait - entry.deadline, "deadline", f"this request would wait {wait:.1f} s for "
+                             f"the device, past its deadline (SCOREFN_REQUEST_TIMEOUT_S)"))
+        if load > 1.0 and (backlog := self.backlog.seconds()) > self.backlog_limit_s:
+            refusals.append((backlog - self.backlog_limit_s, "overload", f"the instance is overloaded (asked for "
+                             f"{load:.1f}x what it computes, over the last {max(self.LOAD_WINDOWS_S):g} s and the last "
+                             f"{min(self.LOAD_WINDOWS_S):g} s) and {backlog:.1f} s of work are queued, over "
+                             f"{self.backlog_limit_s:g} s ({self.BACKLOG_WAITS:g} x SCOREFN_MAX_WAIT_S)"))
+        if refusals:
+            over, reason, message = max(refusals)
+            self.refused[reason] += 1
+            raise QueueFull(message, retry_after_s=over, reason=reason, predicted=Prediction(wait, own))
+
+    def _forget_refusals(self, now: float) -> None:
+        """Forget the refusals older than the long window, oldest first: the dict is in order of refusal (lock held)."""
+        since = now - max(self.LOAD_WINDOWS_S)
+        expired = []
+        for key, at in self._refused_at.items():  # reads only the expired ones and the first one kept
+            if at > since:
+                break
+            expired.append(key)
+        for key in expired:
+            del self._refused_at[key]
+
+    def _offer(self, now: float, own: float) -> float:
+        """Count a request's work (up to max_wait) as asked for; returns the offered load (lock held)."""
+        self._offered = [sum_ * math.exp(-(now - self._offered_at) / window) + min(own, self.max_wait_s)
+                         for sum_, window in zip(self._offered, self.LOAD_WINDOWS_S)]
+        self._offered_at = now
+        return self.load(now)
+
+    def load(self, now: float | None = None) -> float:
+        """The offered load: device seconds asked for per second (1: as much as the device computes), the smaller of
+        its averages over LOAD_WINDOWS_S."""
+        elapsed = (self._clock() if now is None else now) - self._offered_at
+        return min(sum_ * math.exp(-elapsed / window) / window
+                   for sum_, window in zip(self._offered, self.LOAD_WINDOWS_S))
+
+    def wait_s(self, own: float) -> float:
+        """Predicted seconds before a request of `own` seconds starts: the rounds in flight, then the queued work
+        shorter than it, at the device time the oldest request leaves when that one is not ahead of it (lock held)."""
+        queue, left_s = self.backlog.queue, self.backlog.left_s
+        ahead = sum(left for e in queue if (left := left_s(e)) <= own)
+        share = RoundBuilder.OLDEST_SHARE if queue and left_s(queue[0]) > own else 0.0
+        return self.backlog.in_flight_s() + ahead / (1 - share)
+
+    def _packed_wait_s(self, own: float) -> float:
+        """A small request's wait with the work ahead of it (and its own, less its price) at what rounds really cost
+        (lock held): so that wait + own <= max_wait is the promise, not half of it."""
+        packing = self.backlog.packing
+        return packing * self.wait_s(own) - (packing - 1) * (self.backlog.in_flight_s() - own)
+
+    def refuse_late(self, next_start: float) -> None:
+        """Refuse (429, Retry-After) the small requests still queued that can no longer start before their
+        SCOREFN_MAX_WAIT_S is up, the next round starting at `next_start` at the earliest: the device ran slower than
+        predicted. They are answered at once instead of late: an admitted small request is answered within
+        SCOREFN_MAX_WAIT_S and one round, with its scores or with a 429 (lock held)."""
+        kept = []
+        for entry in self.backlog.queue:
+            admission = entry.admission
+            if (entry.started or admission is None or admission.own_s > self.max_wait_s / 2
+                    or next_start <= entry.submitted + self.max_wait_s):
+                kept.append(entry)
+                continue
+            self.refused["late"] += 1
+            waited = self._clock() - entry.submitted
+            entry.future.set_exception(QueueFull(
+                f"this request waited {waited:.1f} s and could not start within {self.max_wait_s:g} s "
+                f"(SCOREFN_MAX_WAIT_S): the device ran slower than predicted", retry_after_s=self.round_s,
+                reason="late", predicted=Prediction(admission.wait_s, admission.own_s)))
+            if entry.trace is not None:
+                entry.trace.left_queue(None, time.time_ns())
+        self.backlog.queue = kept
+
+    def close(self) -> None:
+        """No new work: every request from now on is refused with ShuttingDown."""
+        with self.backlog.lock:
+            self._closed = True
