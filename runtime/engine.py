@@ -1,37 +1,34 @@
 """The scoring engine: loads a model, compiles every bucket, then scores on one dedicated device thread.
 
 Requests are admitted by their predicted wait (runtime.requests.scheduler) and computed in rounds: the device thread
-takes a round's worth of queued work (large requests in slices, interleaved with small ones), coalescing whatever
-arrives within `batch_wait_ms` on an idle device, and a fetcher thread answers each round's requests.
-Implements runtime.interface.ScoringEngine.
+(runtime.requests.device_thread) takes a round's worth of queued work (large requests in slices, interleaved with
+small ones), coalescing whatever arrives within `batch_wait_ms` on an idle device, and a fetcher thread answers each
+round's requests. Implements runtime.interface.ScoringEngine.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
-import queue
 import threading
 import time
 
 import numpy as np
 
 from runtime import PROCESS_STARTED, tracing
-from runtime.interface import EngineFault, Prediction, ScoreResult, ShuttingDown, TokenLogprobsResult
+from runtime.interface import ShuttingDown
 from runtime.shapes.buckets import BucketPlan
 from runtime.requests.cost import ServiceModel
-from runtime.requests.jobs import Job, TokenJob, label_rows, label_scores
+from runtime.requests.device_thread import NO_ROUNDS, DeviceThread, spans
+from runtime.requests.jobs import Job, TokenJob, label_rows
 from runtime.requests.scheduler import Scheduler
 from runtime.requests.rounds import COUNTERS, RoundScorer
-from runtime.requests.slices import Entry, Round
 from runtime.tasks.classifiers import Classifier, adapter_heads, build_classifiers
 from runtime.model.loader import default_model_id
 from runtime.tasks.rerankers import Reranker, build_rerankers
 from runtime.settings import Settings, load_settings
 
 log = logging.getLogger("scorefn.runtime")
-
-_STOP = object()
 
 
 class Engine:
@@ -51,11 +48,9 @@ class Engine:
         self.timings: dict[str, float] = {}
         self.service: ServiceModel | None = None  # predicted device seconds of work, once started
         self._scheduler: Scheduler | None = None
-        self._thread: threading.Thread | None = None
+        self._device: DeviceThread | None = None
         self._ready = threading.Event()
         self._stopping = False
-        self._counters = {"device_rounds": 0, "round_sequences": 0, "round_tokens": 0, "round_padded_tokens": 0.0,
-                          "device_seconds": 0.0}
         self.rounds_in_flight = 1  # the platform's, once started
         self.batch_invariant = False  # the platform's, once started
         self.platform_info: dict[str, str] = {}  # the platform's, once started
@@ -92,7 +87,7 @@ class Engine:
         laps.lap("calibrate")
         self.timings = {**laps.seconds, **warmed, "preloaded": preloaded}
         if tracing.tracer is not None:
-            _spans().started(laps.phases, self.model_id, self.platform_info, self.timings)
+            spans().started(laps.phases, self.model_id, self.platform_info, self.timings)
         log.info("warm-up done: %d buckets in %.1f s (%d loaded from the executable store; persistent cache: "
                  "%d hits, %d misses); service time %s (timed in %.2f s)", warmed["buckets"],
                  self.timings["compile_s"], warmed["stored"], warmed["cache_hits"], warmed["cache_misses"],
@@ -127,8 +122,9 @@ class Engine:
                                     self.settings.max_queue, self.settings.max_wait_s, self.settings.max_round_s,
                                     round_cost=scorer.cost,
                                     slice_rows=scorer.slice_rows)
-        self._thread = threading.Thread(target=self._device_loop, name="scorefn-device", daemon=True)
-        self._thread.start()
+        self._device = DeviceThread(self._scheduler, scorer, self.rounds_in_flight,
+                                    self.settings.batch_wait_ms / 1000.0)
+        self._device.start()
         self._ready.set()
 
     def _log_progress(self, i: int, name: str, seconds: float) -> None:
@@ -137,21 +133,21 @@ class Engine:
     def stop(self, grace_seconds: float) -> None:
         """Refuse new work, let queued work finish within the grace period, stop the device thread."""
         self._stopping = True
-        if self._thread is None:
+        if self._device is None:
             return
         deadline = time.monotonic() + grace_seconds
         self._scheduler.close()
         self._scheduler.wait_idle(grace_seconds)
         self._cancel_queued()
         self._scheduler.stop()
-        self._thread.join(timeout=max(0.1, deadline - time.monotonic()))
+        self._device.join(timeout=max(0.1, deadline - time.monotonic()))
 
     def _cancel_queued(self) -> None:
         """After the grace period, work still queued is cancelled: its clients get 503, not a dropped connection."""
         cancelled = []
         for entry in self._scheduler.take_waiting():
             if not entry.future.cancel():  # started: slices of it were computed, the rest will not be
-                self._fail(entry, ShuttingDown("the server stopped before this request's work was done"))
+                self._device.fail(entry, ShuttingDown("the server stopped before this request's work was done"))
             cancelled.append(entry.request_id)
         if cancelled:
             log.warning("drain grace period over: cancelled %d queued requests (request ids: %s)", len(cancelled),
@@ -190,7 +186,7 @@ class Engine:
     def _enqueue(self, job, deadline: float | None, request_id: str | None) -> concurrent.futures.Future:
         if self._stopping or self._scheduler is None:
             raise ShuttingDown("the server is shutting down")
-        trace = _spans().request_trace() if tracing.tracer is not None else None  # under the caller's current span
+        trace = spans().request_trace() if tracing.tracer is not None else None  # under the caller's current span
         return self._scheduler.admit(job, deadline, request_id, trace)
 
     def score(self, sequences, label_ids) -> np.ndarray:
@@ -199,7 +195,8 @@ class Engine:
 
     def stats(self) -> dict[str, float | dict[str, float]]:
         counters = self.scorer.counters() if self.scorer else dict.fromkeys(COUNTERS, 0)
-        stats: dict[str, float | dict[str, float]] = {**counters, "queue_depth": 0, **self._counters}
+        rounds = self._device.counters if self._device is not None else NO_ROUNDS
+        stats: dict[str, float | dict[str, float]] = {**counters, "queue_depth": 0, **rounds}
         if self._scheduler is not None:
             stats.update(self._scheduler.stats(), service_seconds_per_batch=self.service.per_batch,
                          service_tokens_per_second=self.service.tokens_per_second())
@@ -209,118 +206,6 @@ class Engine:
             stats["startup_executables"] = {"stored": self.timings["stored"], "cache_hit": self.timings["cache_hits"],
                                             "compiled": self.timings["cache_misses"]}
         return stats
-
-    # ---- the device thread ----------------------------------------------------------------------------
-
-    def _device_loop(self) -> None:
-        """Takes and dispatches rounds; a fetcher thread waits for each one's results and answers its requests.
-
-        At most `rounds_in_flight` (runtime.assembly.platform) are dispatched and not yet fetched: with two, the next
-        round is planned, padded and dispatched while the device still runs the one before, so the device never
-        waits for the host; when every slot is taken, requests keep queueing for the next round."""
-        fetch: queue.Queue = queue.Queue()
-        slots = threading.Semaphore(self.rounds_in_flight)
-        fetcher = threading.Thread(target=self._fetch_loop, args=(fetch, slots), name="scorefn-fetch", daemon=True)
-        fetcher.start()
-        while True:
-            slots.acquire()
-            # On an idle device, wait batch_wait_ms for more requests; with a round in flight, what queued
-            # meanwhile is the coalescing window.
-            round = self._scheduler.next_round(self.settings.batch_wait_ms / 1000.0)
-            if round is None:
-                break
-            if tracing.tracer is not None:
-                _spans().round_started(round)
-            try:
-                round.dispatched = self.scorer.dispatch([piece.job for piece in round.slices])
-            except Exception as exc:
-                round.error = exc
-            fetch.put(round)
-        fetch.put(_STOP)
-        fetcher.join()
-
-    def _fetch_loop(self, fetch: queue.Queue, slots: threading.Semaphore) -> None:
-        while (round := fetch.get()) is not _STOP:
-            try:
-                self._finish(round)
-            finally:
-                slots.release()
-
-    def _finish(self, round: Round) -> None:
-        """Fetch a dispatched round's results and answer the requests it completes (a failed round fails all of
-        them; a request with non-finite scores fails alone)."""
-        results = None
-        if round.error is None:
-            try:
-                results = self.scorer.collect(round.dispatched)
-            except Exception as exc:
-                round.error = exc
-        seconds = self._scheduler.finish(round)
-        if tracing.tracer is not None:
-            _spans().round_finished(round, getattr(round.dispatched, "buckets", []))  # a stub scorer's has none
-        log.debug("round of %d slices: predicted %.3f s, took %.3f s", len(round.slices), round.predicted_s, seconds,
-                  extra={"json_fields": {"slices": [[piece.entry.request_id, piece.start, piece.stop]
-                                                    for piece in round.slices],
-                                         "predicted_s": round.predicted_s, "seconds": seconds,
-                                         **self._scheduler.stats()}})
-        if round.error is not None:
-            ids = [piece.entry.request_id for piece in round.slices]
-            log.error("device round of %d requests failed (request ids: %s)", len(ids), ", ".join(map(str, ids)),
-                      exc_info=round.error, extra={"json_fields": {"request_ids": ids}})
-            for piece in round.slices:
-                self._fail(piece.entry, EngineFault("the device batch failed"))
-            return
-        self._counters["device_rounds"] += 1
-        self._counters["round_sequences"] += sum(piece.stop - piece.start for piece in round.slices)
-        self._counters["round_tokens"] += sum(len(sequence) for piece in round.slices
-                                              for sequence in piece.entry.job.sequences[piece.start:piece.stop])
-        self._counters["round_padded_tokens"] += round.work.tokens
-        self._counters["device_seconds"] += seconds
-        for piece, result in zip(round.slices, results):
-            entry = piece.entry
-            if entry.future.done():  # failed in another round, or cancelled by the drain
-                continue
-            if not _finite(result):
-                log.error("non-finite scores for request %s (%d sequences)", entry.request_id, entry.rows,
-                          extra={"json_fields": {"request_ids": [entry.request_id]}})
-                self._fail(entry, EngineFault("the model produced non-finite scores"))
-                continue
-            if entry.add(piece.start, result, seconds):
-                entry.future.set_result(_result(entry))
-
-    def _fail(self, entry: Entry, error: Exception) -> None:
-        self._scheduler.drop(entry)
-        if not entry.future.done():
-            entry.future.set_exception(error)
-
-
-def _result(entry: Entry) -> ScoreResult | TokenLogprobsResult:
-    """A request's slices put together; its queue time is all its time not spent in its rounds."""
-    parts = entry.results()
-    queued = max(0.0, time.monotonic() - entry.submitted - entry.device_s)
-    predicted = Prediction(entry.admission.wait_s, entry.admission.own_s) if entry.admission else None
-    if isinstance(parts[0], np.ndarray):
-        values = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        if entry.job.targets is not None:  # label_rows: each label's tokens, summed
-            sums, tokens = label_scores(values, entry.job.label_ids)
-            return ScoreResult(sums, queued, entry.device_s, predicted, tokens)
-        return ScoreResult(values, queued, entry.device_s, predicted)
-    return TokenLogprobsResult([sequence for part in parts for sequence in part], queued, entry.device_s, predicted)
-
-
-def _finite(result) -> bool:
-    """Scores [n, labels], or each TokenLogprobs' log-probabilities."""
-    if isinstance(result, np.ndarray):
-        return bool(np.all(np.isfinite(result)))
-    return all(np.all(np.isfinite(t.next_logprobs)) and np.all(np.isfinite(t.top_logprobs))
-               and np.isfinite(t.next_logprob) for t in result)
-
-
-def _spans():
-    """runtime.requests.spans, which imports OpenTelemetry: loaded once tracing is on."""
-    from runtime.requests import spans
-
-    return spans
 
 
 def build_engine(settings: Settings | None = None) -> Engine:

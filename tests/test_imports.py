@@ -28,7 +28,7 @@ INNER_IMPORTS = {
 _OTEL = "OpenTelemetry loads only once tracing is on (runtime.tracing): nothing at all while it is off"
 INNER_IMPORTS.update(dict.fromkeys([("runtime.tracing", "configure"), ("runtime.tracing", "_exporters"),
                                     ("runtime.tracing", "_resource"), ("runtime.tracing", "log_fields"),
-                                    ("runtime.engine", "_spans"), ("handler.tracing", "_api"),
+                                    ("runtime.requests.device_thread", "spans"), ("handler.tracing", "_api"),
                                     ("handler.tracing", "_propagation")], _OTEL))
 # every command of the CLI imports what it runs when it runs (runtime/tools/cli.py says why)
 INNER_IMPORT_MODULES = {"runtime.tools.cli"}
