@@ -21,7 +21,7 @@ import numpy as np
 
 from handler import schemas
 from handler.errors import ERRORS
-from handler.http import Scoring, submit_labels
+from handler.http import Scoring, label_values, submit_labels
 from handler.validation import (InputsField, check_count, check_sequence, check_total_tokens, decode_inputs, optional,
                                 select_named)
 from runtime.interface import ScoreResult, ScoringEngine
@@ -64,10 +64,7 @@ def validate_classify_request(request: schemas.ClassifyRequest, engine: ScoringE
 
 
 def classify_response(job: ClassifyJob, result: ScoreResult, engine: ScoringEngine) -> schemas.ClassifyResponse:
-    values = np.asarray(result.logprobs)  # [inputs, labels]: raw logits, or verbalizer log-probabilities
-    expected = (len(job.sequences), len(job.label_ids))
-    if values.shape != expected:
-        raise ValueError(f"engine returned scores of shape {values.shape}, expected {expected}")
+    values = label_values(job, result)  # [inputs, labels]: raw logits, or verbalizer log-probabilities
     probs = activate(values, job.classifier.activation) if job.use_activation else values
     labels = job.classifier.labels
     best = values.argmax(axis=1)  # the activations are monotonic: the same label wins either way

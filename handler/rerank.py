@@ -21,7 +21,7 @@ import numpy as np
 
 from handler import schemas
 from handler.errors import ERRORS, ErrorSpec
-from handler.http import Scoring, submit_labels
+from handler.http import Scoring, label_values, submit_labels
 from handler.validation import check_count, check_sequence, check_total_tokens, optional, required, select_named
 from runtime.interface import ScoreResult, ScoringEngine
 from runtime.probability import sigmoid
@@ -69,10 +69,7 @@ def relevance(values: np.ndarray, reranker: Reranker) -> np.ndarray:
 
 
 def rerank_response(job: RerankJob, result: ScoreResult, engine: ScoringEngine) -> schemas.RerankResponse:
-    values = np.asarray(result.logprobs)  # [documents, labels]
-    expected = (len(job.sequences), len(job.label_ids))
-    if values.shape != expected:
-        raise ValueError(f"engine returned scores of shape {values.shape}, expected {expected}")
+    values = label_values(job, result)  # [documents, labels]
     scores = relevance(values, job.reranker).tolist()
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: job.top_n]  # ties: the earlier document
     results = [schemas.RerankResult(index=i, relevance_score=scores[i], document=schemas.RerankDocument(

@@ -23,7 +23,7 @@ import numpy as np
 
 from handler import schemas
 from handler.errors import ERRORS
-from handler.http import Scoring, submit_labels
+from handler.http import Scoring, label_values, submit_labels
 from handler.validation import (INVALID, check_count, check_sequence, check_token_range, check_total_tokens,
                                 decode_field, fits_int64, is_given, optional, require_language_model, required,
                                 served_model)
@@ -61,6 +61,8 @@ def validate_score_request(request: schemas.ScoreRequest, engine: ScoringEngine,
     model, adapter = served_model(request.model, engine)
 
     check_count(len(items), settings.max_items, "items")
+    # The one check of a request's label count: SCOREFN_MAX_LABELS is the largest label bucket the runtime compiles
+    # (declared classifiers' and rerankers' labels are checked against it at start-up).
     check_count(len(label_ids if texts is None else texts), settings.max_labels,
                 "label_token_ids" if texts is None else "labels", ERRORS.too_many_labels)
     if texts is not None:
@@ -74,10 +76,7 @@ NORMALIZATIONS = ("sum", "mean")
 
 
 def score_response(job: ScoreJob, result: ScoreResult, engine: ScoringEngine) -> schemas.ScoreResponse:
-    logprobs = np.asarray(result.logprobs, np.float64)  # [items, labels]
-    expected = (len(job.sequences), len(job.label_ids))
-    if logprobs.shape != expected:
-        raise ValueError(f"engine returned logprobs of shape {logprobs.shape}, expected {expected}")
+    logprobs = label_values(job, result).astype(np.float64)  # [items, labels]
     if job.normalization == "mean":  # per token: a label's log-probability over its token count
         logprobs = logprobs / np.array([1 if isinstance(label, int) else len(label) for label in job.label_ids])
     # softmax over the requested labels only, per item, in float64 on the host (RFC-000, ADR-001)
