@@ -28,7 +28,7 @@ from litestar.openapi.spec import (OpenAPIHeader, OpenAPIMediaType, OpenAPIRespo
 from handler import schemas
 from handler.core import ENDPOINTS, Endpoint, ScoringCore
 from runtime.interface import ScoringEngine
-from handler.errors import ERRORS, ApiError, internal_error
+from handler.errors import ERRORS
 from handler.http import JSON, HttpRequest, HttpResponse, PendingScore
 from handler.lifecycle import Drain, warm_up
 from handler.logs import configure_logging
@@ -78,13 +78,12 @@ def create_app(settings: Settings | None = None, engine: ScoringEngine | None = 
         if isinstance(exc, (NotFoundException, MethodNotAllowedException)):
             return _litestar_response(core.reject_unrouted(http_request))
         if isinstance(exc, RequestEntityTooLarge):
-            error = ApiError("request_too_large", f"The request body is larger than the limit of "
-                             f"{settings.max_body_bytes} bytes.")
+            error = ERRORS.request_too_large(size="", limit=settings.max_body_bytes)
         elif isinstance(exc, HTTPException) and exc.status_code < 500:
-            error = ApiError("invalid_request", f"The request is malformed: {exc.detail}")
+            error = ERRORS.invalid_request(detail=exc.detail)
         else:
             log.error("unhandled error on %s %s", request.method, request.scope["path"], exc_info=exc)
-            error = internal_error()
+            error = ERRORS.internal_error()
         return _litestar_response(core.reject(http_request, error))
 
     app = Litestar(

@@ -20,13 +20,17 @@ import msgspec
 import numpy as np
 
 from handler import schemas
-from handler.errors import ApiError
-from handler.http import Scoring, submit_labels
-from handler.validation import check_count, check_sequence, check_total_tokens, decode_inputs, optional, select_named
+from handler.errors import ERRORS
+from handler.http import Scoring, label_values, submit_labels
+from handler.validation import (InputsField, check_count, check_sequence, check_total_tokens, decode_inputs, optional,
+                                select_named)
 from runtime.interface import ScoreResult, ScoringEngine
 from runtime.probability import sigmoid, softmax
 from runtime.settings import Settings
 from runtime.tasks.classifiers import Classifier
+
+_INPUT = InputsField(ERRORS.missing_input, ERRORS.invalid_input_type, ERRORS.input_beyond_int64, ERRORS.empty_input,
+                     ERRORS.empty_input_element)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,12 +47,12 @@ class ClassifyJob:
 
 def validate_classify_request(request: schemas.ClassifyRequest, engine: ScoringEngine,
                               settings: Settings) -> ClassifyJob:
-    inputs, _ = decode_inputs(request.input, "input", engine.vocab_size, "classify")
+    inputs, _ = decode_inputs(request.input, _INPUT, engine.vocab_size)
     keep = _truncation(request.truncate_prompt_tokens, engine.max_sequence_length)
-    use_activation = optional(request.use_activation, bool, "use_activation", True)
-    optional(request.user, str, "user", None)
-    optional(request.rid, str, "rid", None)
-    optional(request.priority, int, "priority", None)
+    use_activation = optional(request.use_activation, bool, ERRORS.invalid_use_activation_type, True)
+    optional(request.user, str, ERRORS.invalid_user_type, None)
+    optional(request.rid, str, ERRORS.invalid_rid_type, None)
+    optional(request.priority, int, ERRORS.invalid_priority_type, None)
     classifier, adapter = _classifier(request.model, engine)
     adapter = adapter or classifier.adapter  # a classification adapter's own head
 
@@ -60,10 +64,7 @@ def validate_classify_request(request: schemas.ClassifyRequest, engine: ScoringE
 
 
 def classify_response(job: ClassifyJob, result: ScoreResult, engine: ScoringEngine) -> schemas.ClassifyResponse:
-    values = np.asarray(result.logprobs)  # [inputs, labels]: raw logits, or verbalizer log-probabilities
-    expected = (len(job.sequences), len(job.label_ids))
-    if values.shape != expected:
-        raise ValueError(f"engine returned scores of shape {values.shape}, expected {expected}")
+    values = label_values(job, result)  # [inputs, labels]: raw logits, or verbalizer log-probabilities
     probs = activate(values, job.classifier.activation) if job.use_activation else values
     labels = job.classifier.labels
     best = values.argmax(axis=1)  # the activations are monotonic: the same label wins either way
@@ -109,20 +110,18 @@ def adapter_cards(engine: ScoringEngine, created: int) -> list[schemas.ModelCard
 
 def _truncation(raw: msgspec.Raw, max_length: int) -> int | None:
     """How many trailing tokens of each prompt to keep; None: never truncate."""
-    value = optional(raw, int, "truncate_prompt_tokens", None)
+    value = optional(raw, int, ERRORS.invalid_truncate_prompt_tokens_type, None)
     if value is None:
         return None
     if value == -1:
         return max_length
     if not 1 <= value <= max_length:
-        raise ApiError("invalid_truncate_prompt_tokens", f"truncate_prompt_tokens must be -1 (the maximum sequence "
-                       f"length, {max_length}) or between 1 and {max_length}; got {value}.", "truncate_prompt_tokens")
+        raise ERRORS.invalid_truncate_prompt_tokens(limit=max_length, value=value)
     return value
 
 
 def _classifier(raw: msgspec.Raw, engine: ScoringEngine) -> tuple[Classifier, str | None]:
-    return select_named(raw, engine.classifiers, engine, "classifier", "declare a prompt-verbalizer "
-                        "classifier in SCOREFN_CLASSIFIERS (see docs/api/classify.md).")
+    return select_named(raw, engine.classifiers, engine, "classifier", ERRORS.no_classifier)
 
 
 def _prompt(index: int, value: str | list[int], classifier: Classifier, engine: ScoringEngine,
@@ -133,6 +132,5 @@ def _prompt(index: int, value: str | list[int], classifier: Classifier, engine: 
         sequence = classifier.splice(value)
     if keep is not None:
         sequence = sequence[-keep:]  # vLLM's truncate_prompt_tokens: the prompt's last tokens
-    check_sequence(sequence, f"input[{index}]", "the prompt", "input", engine,
-                   " Set truncate_prompt_tokens to keep only its last tokens.")
+    check_sequence(sequence, f"input[{index}]", "the prompt", "input", engine, ERRORS.prompt_too_long)
     return sequence

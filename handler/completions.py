@@ -27,15 +27,17 @@ import uuid
 import msgspec
 
 from handler import schemas
-from handler.errors import ApiError
+from handler.errors import ERRORS, ErrorSpec
 from handler.http import Scoring
-from handler.validation import (check_count, check_sequence, check_total_tokens, decode_inputs, is_given, optional,
-                                require_language_model, served_model)
+from handler.validation import (InputsField, check_count, check_sequence, check_total_tokens, decode_inputs, is_given,
+                                optional, require_language_model, served_model)
 from runtime.interface import Sampling, ScoringEngine, TokenLogprobs, TokenLogprobsResult
 from runtime.settings import Settings
 
 MAX_LOGPROBS = 20  # OpenAI's limit (runtime.interface.MAX_TOP_LOGPROBS computes as many)
 MAX_STOP = 4
+_PROMPT = InputsField(ERRORS.missing_prompt, ERRORS.invalid_prompt_type, ERRORS.prompt_beyond_int64,
+                      ERRORS.empty_prompt, ERRORS.empty_prompt_element)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,25 +58,28 @@ class CompletionJob:
 def validate_completion_request(request: schemas.CompletionRequest, engine: ScoringEngine,
                                 settings: Settings) -> CompletionJob:
     require_language_model(engine)
-    prompts, _ = decode_inputs(request.prompt, "prompt", engine.vocab_size, "score", blank_ok=True)
+    prompts, _ = decode_inputs(request.prompt, _PROMPT, engine.vocab_size, blank_ok=True)
     max_tokens = _max_tokens(request.max_tokens)
-    echo = optional(request.echo, bool, "echo", False)
-    logprobs = _bounded(request.logprobs, int, "logprobs", None, 0, MAX_LOGPROBS)
-    temperature = _bounded(request.temperature, float, "temperature", 1.0, 0.0, 2.0)
-    _only(request.top_p, float, "top_p", 1.0, "nucleus truncation is not supported")
-    seed = optional(request.seed, int, "seed", None)
+    echo = optional(request.echo, bool, ERRORS.invalid_echo_type, False)
+    logprobs = _bounded(request.logprobs, int, ERRORS.invalid_logprobs_type, None, ERRORS.invalid_logprobs,
+                        0, MAX_LOGPROBS)
+    temperature = _bounded(request.temperature, float, ERRORS.invalid_temperature_type, 1.0,
+                           ERRORS.invalid_temperature, 0.0, 2.0)
+    _only(request.top_p, float, ERRORS.invalid_top_p_type, 1.0, ERRORS.invalid_top_p)
+    seed = optional(request.seed, int, ERRORS.invalid_seed_type, None)
     stop = _stop(request.stop)
-    _only(request.n, int, "n", 1, "one choice per prompt is returned")
-    _only(request.best_of, int, "best_of", 1, "one choice per prompt is returned")
-    if optional(request.stream, bool, "stream", False):
-        raise ApiError("stream_not_supported", "stream must be false: a completion of at most one token is "
-                       "answered whole.", "stream")
-    if optional(request.suffix, str, "suffix", ""):
-        raise ApiError("suffix_not_supported", "suffix must be empty: inserting text needs the text after the "
-                       "completion, which a prefill of the prompt does not read.", "suffix")
-    for penalty in ("presence_penalty", "frequency_penalty"):  # they cannot change a first token
-        _bounded(getattr(request, penalty), float, penalty, 0.0, -2.0, 2.0)
-    optional(request.user, str, "user", None)
+    _only(request.n, int, ERRORS.invalid_n_type, 1, ERRORS.invalid_n)
+    _only(request.best_of, int, ERRORS.invalid_best_of_type, 1, ERRORS.invalid_best_of)
+    if optional(request.stream, bool, ERRORS.invalid_stream_type, False):
+        raise ERRORS.stream_not_supported()
+    if optional(request.suffix, str, ERRORS.invalid_suffix_type, ""):
+        raise ERRORS.suffix_not_supported()
+    # The penalties cannot change a first token.
+    _bounded(request.presence_penalty, float, ERRORS.invalid_presence_penalty_type, 0.0,
+             ERRORS.invalid_presence_penalty, -2.0, 2.0)
+    _bounded(request.frequency_penalty, float, ERRORS.invalid_frequency_penalty_type, 0.0,
+             ERRORS.invalid_frequency_penalty, -2.0, 2.0)
+    optional(request.user, str, ERRORS.invalid_user_type, None)
     model, adapter = served_model(request.model, engine)
 
     check_count(len(prompts), settings.max_items, "prompt")
@@ -162,34 +167,34 @@ def _logprobs(job: CompletionJob, prompt: list[int], found: TokenLogprobs,
 
 def _max_tokens(raw: msgspec.Raw) -> int:
     if not is_given(raw):
-        raise ApiError("generation_not_supported", "max_tokens is required and must be 0 or 1: this server scores "
-                       "prompts with one prefill and does not generate (OpenAI's default of 16 would).", "max_tokens")
-    value = optional(raw, int, "max_tokens", None)
+        raise ERRORS.max_tokens_absent()
+    value = optional(raw, int, ERRORS.invalid_max_tokens_type, None)
     if value < 0:
-        raise ApiError("invalid_max_tokens", f"max_tokens must be 0 or 1; got {value}.", "max_tokens")
+        raise ERRORS.invalid_max_tokens(value=value)
     if value > 1:
-        raise ApiError("generation_not_supported", f"max_tokens is {value}: this server scores prompts with one "
-                       "prefill and returns at most 1 token; it does not generate.", "max_tokens")
+        raise ERRORS.generation_not_supported(value=value)
     return value
 
 
-def _bounded(raw: msgspec.Raw, type_: type, name: str, default, low, high):
-    value = optional(raw, type_, name, default)
+def _bounded(raw: msgspec.Raw, type_: type, wrong_type: ErrorSpec, default, out_of_range: ErrorSpec, low, high):
+    """An optional number within [low, high] (its messages: handler.errors' BETWEEN)."""
+    value = optional(raw, type_, wrong_type, default)
     if value is not None and not low <= value <= high:
-        raise ApiError(f"invalid_{name}", f"{name} must be between {low} and {high}; got {value}.", name)
+        raise out_of_range(low=low, high=high, value=value)
     return value
 
 
-def _only(raw: msgspec.Raw, type_: type, name: str, allowed, why: str) -> None:
-    value = optional(raw, type_, name, allowed)
+def _only(raw: msgspec.Raw, type_: type, wrong_type: ErrorSpec, allowed, other: ErrorSpec) -> None:
+    """A field accepted for its one supported value (its message says why that one)."""
+    value = optional(raw, type_, wrong_type, allowed)
     if value != allowed:
-        raise ApiError(f"invalid_{name}", f"{name} must be {allowed}: {why}; got {value}.", name)
+        raise other(allowed=allowed, value=value)
 
 
 def _stop(raw: msgspec.Raw) -> tuple[str, ...]:
-    value = optional(raw, str | list[str], "stop", (), "a string or a list of strings")
+    value = optional(raw, str | list[str], ERRORS.invalid_stop_type, (), "a string or a list of strings")
     stops = (value,) if isinstance(value, str) else tuple(value)
-    check_count(len(stops), MAX_STOP, "stop", "invalid_stop")
+    check_count(len(stops), MAX_STOP, "stop", ERRORS.invalid_stop)
     return tuple(s for s in stops if s)
 
 

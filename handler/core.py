@@ -12,7 +12,6 @@ readiness (503), JSON decoding (400), validation (400/422), admission by predict
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import hmac
 import logging
@@ -23,7 +22,7 @@ import msgspec
 from handler import schemas
 from handler.classify import CLASSIFY, adapter_cards, model_cards
 from handler.completions import COMPLETIONS
-from handler.errors import ApiError, internal_error
+from handler.errors import ERRORS, ApiError, engine_error
 from handler.http import (HttpRequest, HttpResponse, PendingScore, Scoring, ValidatedRequest, error_response,
                           json_response, predicted_headers, request_id_of, seconds)
 from handler.logs import log_access
@@ -32,7 +31,7 @@ from handler.rerank import RERANK, reranker_cards
 from handler.score import SCORE
 from handler.tracing import SpanHooks, request_span
 from handler.validation import decode_body, validate_tokenize_request
-from runtime.interface import DeadlineExceeded, QueueFull, ScoringEngine, ShuttingDown
+from runtime.interface import QueueFull, ScoringEngine
 from runtime.settings import Settings
 
 log = logging.getLogger("scorefn.handler")
@@ -108,7 +107,7 @@ class ScoringCore:
                 outcome = error_response(error)
             except Exception:
                 log.exception("request %s: unexpected error", request_id)
-                outcome = error_response(internal_error())
+                outcome = error_response(ERRORS.internal_error())
             if isinstance(outcome, PendingScore):
                 return outcome
             return self._complete(request, request_id, outcome, span)
@@ -160,8 +159,8 @@ class ScoringCore:
         if endpoint is None:
             raise _not_found(path)
         if request.method not in (endpoint.method, "OPTIONS"):
-            raise ApiError("method_not_allowed", f"Method {request.method[:16]} is not allowed on {path}; "
-                           f"use {endpoint.method}.", headers=(("allow", _allow(endpoint)),))
+            raise ERRORS.method_not_allowed(method=request.method[:16], path=path, allowed=endpoint.method,
+                                            headers=(("allow", _allow(endpoint)),))
         return endpoint
 
     def _dispatch(self, request: HttpRequest, request_id: str, span: SpanHooks) -> HttpResponse | PendingScore:
@@ -195,22 +194,21 @@ class ScoringCore:
         for key in self._api_keys:  # compare with every key: the time taken does not tell which one matched
             matched |= hmac.compare_digest(given, key)
         if not matched:
-            raise ApiError("invalid_api_key", "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
-                           headers=(("www-authenticate", "Bearer"),))
+            raise ERRORS.invalid_api_key(headers=(("www-authenticate", "Bearer"),))
 
     def _body(self, request: HttpRequest) -> bytes:
         limit = self.settings.max_body_bytes
         if request.body is None or len(request.body) > limit:
             given = request.headers.get("content-length", "")
             size = f" ({given} bytes)" if given.isdigit() else ""
-            raise ApiError("request_too_large", f"The request body{size} is larger than the limit of {limit} bytes.")
+            raise ERRORS.request_too_large(size=size, limit=limit)
         return request.body
 
     def _require_ready(self) -> ScoringEngine:
         if self._draining:
-            raise ApiError("server_not_ready", "The server is shutting down; retry on another instance.")
+            raise ERRORS.draining()
         if self.engine is None or not self.engine.ready:
-            raise ApiError("server_not_ready", "The model is loading and compiling; retry shortly.")
+            raise ERRORS.server_not_ready()
         return self.engine
 
     # -- endpoints -----------------------------------------------------------------------------------------
@@ -239,7 +237,7 @@ class ScoringCore:
 
     def _models(self) -> HttpResponse:
         if self.engine is None:
-            raise ApiError("server_not_ready", "The model is loading; retry shortly.")
+            raise ERRORS.model_loading()
         cards = reranker_cards(self.engine, model_cards(self.engine, self._started_at), self._started_at) + \
             adapter_cards(self.engine, self._started_at)
         # The served model's card says whether its scores are batch-invariant (its classifiers' and rerankers' too)
@@ -251,20 +249,17 @@ class ScoringCore:
     # -- outcome -------------------------------------------------------------------------------------------
 
     def _engine_error(self, request_id: str, exc: BaseException) -> ApiError:
+        """What the client is told of an exception from the engine's work (handler.errors.ENGINE_ERRORS)."""
         if isinstance(exc, ApiError):
             return exc
-        if isinstance(exc, QueueFull):
-            wait = exc.retry_after_s
-            return ApiError("rate_limit_exceeded", f"The server is at capacity: {exc}. Please retry after {wait} "
-                            f"second{'' if wait == 1 else 's'}.",
-                            headers=(("retry-after", str(wait)), *predicted_headers(exc.predicted)))
-        if isinstance(exc, DeadlineExceeded):
-            return ApiError("request_timeout", f"The request waited more than {self.settings.request_timeout_s:g} s "
-                            "for the device and was dropped without being scored. Please retry.")
-        if isinstance(exc, (concurrent.futures.CancelledError, ShuttingDown)):
-            return ApiError("server_not_ready", "The request was cancelled because the server is shutting down.")
-        log.error("request %s: scoring failed", request_id, exc_info=exc)
-        return internal_error()
+        error = engine_error(exc)
+        if error is None:
+            log.error("request %s: scoring failed", request_id, exc_info=exc)
+            return ERRORS.internal_error()
+        wait = getattr(exc, "retry_after_s", None)  # a refusal (QueueFull) says when to retry, and what it predicted
+        headers = () if wait is None else (("retry-after", str(wait)), *predicted_headers(exc.predicted))
+        return error(reason=exc, wait=wait, plural="" if wait == 1 else "s",
+                     timeout_s=self.settings.request_timeout_s, headers=headers)
 
     def _complete(self, request: HttpRequest, request_id: str, response: HttpResponse, span: SpanHooks,
                   job: ValidatedRequest | None = None, result: object = None) -> HttpResponse:
@@ -295,7 +290,7 @@ def _allow(endpoint: Endpoint) -> str:
 
 def _not_found(path: str) -> ApiError:
     shown = _normalized(path)[:_SHOWN_PATH_CHARS]
-    return ApiError("not_found", f"There is no endpoint at '{shown}'. Endpoints: {', '.join(ENDPOINTS)}.")
+    return ERRORS.not_found(path=shown, endpoints=", ".join(ENDPOINTS))
 
 
 def _normalized(path: str) -> str:

@@ -10,11 +10,12 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import msgspec
+import numpy as np
 
 from handler.errors import ApiError
 from handler.schemas import ENCODER, ErrorBody, ErrorEnvelope
 from handler.tracing import SpanHooks
-from runtime.interface import Prediction, ScoringEngine
+from runtime.interface import Prediction, ScoreResult, ScoringEngine
 from runtime.settings import Settings
 
 JSON = "application/json"
@@ -61,6 +62,16 @@ class Scoring:
 def submit_labels(engine: ScoringEngine, job: Any, deadline: float, request_id: str) -> concurrent.futures.Future:
     """Score the job's label tokens after each of its sequences (/v1/score, /v1/classify, /v1/rerank)."""
     return engine.submit(job.sequences, job.label_ids, deadline, request_id=request_id, adapter=job.adapter)
+
+
+def label_values(job: Any, result: ScoreResult) -> np.ndarray:
+    """The engine's answer to submit_labels: [sequences, labels]. Validation counted the labels once; a result of
+    another shape is the engine's bug, which no request can cause, and a 500 rather than a wrong answer."""
+    values = np.asarray(result.logprobs)
+    expected = (len(job.sequences), len(job.label_ids))
+    if values.shape != expected:
+        raise ValueError(f"engine returned scores of shape {values.shape}, expected {expected}")
+    return values
 
 
 @dataclasses.dataclass(frozen=True)

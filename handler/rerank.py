@@ -20,8 +20,8 @@ import msgspec
 import numpy as np
 
 from handler import schemas
-from handler.errors import ApiError
-from handler.http import Scoring, submit_labels
+from handler.errors import ERRORS, ErrorSpec
+from handler.http import Scoring, label_values, submit_labels
 from handler.validation import check_count, check_sequence, check_total_tokens, optional, required, select_named
 from runtime.interface import ScoreResult, ScoringEngine
 from runtime.probability import sigmoid
@@ -46,9 +46,10 @@ class RerankJob:
 def validate_rerank_request(request: schemas.RerankRequest, engine: ScoringEngine, settings: Settings) -> RerankJob:
     query = _query(request.query)
     documents = _documents(request.documents)
-    top_n = _positive(request.top_n, "top_n", len(documents))
-    return_documents = optional(request.return_documents, bool, "return_documents", True)
-    max_tokens = _positive(request.max_tokens_per_doc, "max_tokens_per_doc", None)
+    top_n = _positive(request.top_n, ERRORS.invalid_top_n_type, ERRORS.invalid_top_n, len(documents))
+    return_documents = optional(request.return_documents, bool, ERRORS.invalid_return_documents_type, True)
+    max_tokens = _positive(request.max_tokens_per_doc, ERRORS.invalid_max_tokens_per_doc_type,
+                           ERRORS.invalid_max_tokens_per_doc, None)
     reranker, adapter = _reranker(request.model, engine)
 
     check_count(len(documents), settings.max_items, "documents")
@@ -68,10 +69,7 @@ def relevance(values: np.ndarray, reranker: Reranker) -> np.ndarray:
 
 
 def rerank_response(job: RerankJob, result: ScoreResult, engine: ScoringEngine) -> schemas.RerankResponse:
-    values = np.asarray(result.logprobs)  # [documents, labels]
-    expected = (len(job.sequences), len(job.label_ids))
-    if values.shape != expected:
-        raise ValueError(f"engine returned scores of shape {values.shape}, expected {expected}")
+    values = label_values(job, result)  # [documents, labels]
     scores = relevance(values, job.reranker).tolist()
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: job.top_n]  # ties: the earlier document
     results = [schemas.RerankResult(index=i, relevance_score=scores[i], document=schemas.RerankDocument(
@@ -95,33 +93,31 @@ def reranker_cards(engine: ScoringEngine, cards: list[schemas.ModelCard], create
 # ---- fields ---------------------------------------------------------------------------------------------
 
 def _query(raw: msgspec.Raw) -> str:
-    query = required(raw, str, "query")
+    query = required(raw, str, ERRORS.missing_query, ERRORS.invalid_query_type)
     if not query.strip():
-        raise ApiError("empty_query", "query cannot be empty or whitespace only", "query")
+        raise ERRORS.blank_query()
     return query
 
 
 def _documents(raw: msgspec.Raw) -> list[str]:
-    documents = required(raw, list[str | schemas.TextDocument], "documents",
-                         "a list of strings or of objects with a string `text`")
+    documents = required(raw, list[str | schemas.TextDocument], ERRORS.missing_documents,
+                         ERRORS.invalid_documents_type, "a list of strings or of objects with a string `text`")
     if not documents:
-        raise ApiError("empty_documents", "documents cannot be empty. At least one document is required.",
-                       "documents")
+        raise ERRORS.empty_documents()
     return [d if isinstance(d, str) else d.text for d in documents]
 
 
-def _positive(raw: msgspec.Raw, name: str, default: Any) -> Any:
-    value = optional(raw, int, name, None)
+def _positive(raw: msgspec.Raw, wrong_type: ErrorSpec, not_positive: ErrorSpec, default: Any) -> Any:
+    value = optional(raw, int, wrong_type, None)
     if value is None:
         return default
     if value < 1:
-        raise ApiError(f"invalid_{name}", f"{name} must be at least 1; got {value}.", name)
+        raise not_positive(value=value)
     return value
 
 
 def _reranker(raw: msgspec.Raw, engine: ScoringEngine) -> tuple[Reranker, str | None]:
-    return select_named(raw, engine.rerankers, engine, "reranker", "declare one in SCOREFN_RERANKERS, or "
-                        "serve a one-label sequence-classification model (see docs/api/rerank.md).")
+    return select_named(raw, engine.rerankers, engine, "reranker", ERRORS.no_reranker)
 
 
 def _pair(index: int, query: str, document: str, reranker: Reranker, engine: ScoringEngine,
@@ -131,5 +127,5 @@ def _pair(index: int, query: str, document: str, reranker: Reranker, engine: Sco
     # The pair is rendered, then tokenized as a whole (as vLLM and the reranker's training data do).
     sequence = list(engine.tokenize(reranker.render(query, document), add_special_tokens=reranker.add_special_tokens))
     check_sequence(sequence, f"documents[{index}]", "the query-document pair", "documents", engine,
-                   " Set max_tokens_per_doc to cut long documents.")
+                   ERRORS.pair_too_long)
     return sequence

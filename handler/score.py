@@ -22,8 +22,8 @@ import msgspec
 import numpy as np
 
 from handler import schemas
-from handler.errors import ApiError
-from handler.http import Scoring, submit_labels
+from handler.errors import ERRORS
+from handler.http import Scoring, label_values, submit_labels
 from handler.validation import (INVALID, check_count, check_sequence, check_token_range, check_total_tokens,
                                 decode_field, fits_int64, is_given, optional, require_language_model, required,
                                 served_model)
@@ -52,18 +52,19 @@ def validate_score_request(request: schemas.ScoreRequest, engine: ScoringEngine,
     items = _items(request.items, isinstance(query, str), vocab_size)
     label_ids, texts = _labels(request.label_token_ids, request.labels, isinstance(query, str), vocab_size,
                                settings.max_label_tokens)
-    apply_softmax = optional(request.apply_softmax, bool, "apply_softmax", False)
-    item_first = optional(request.item_first, bool, "item_first", False)
-    normalization = optional(request.label_normalization, str, "label_normalization", "sum")
+    apply_softmax = optional(request.apply_softmax, bool, ERRORS.invalid_apply_softmax_type, False)
+    item_first = optional(request.item_first, bool, ERRORS.invalid_item_first_type, False)
+    normalization = optional(request.label_normalization, str, ERRORS.invalid_label_normalization_type, "sum")
     if normalization not in NORMALIZATIONS:
-        raise ApiError("invalid_label_normalization", f"label_normalization must be one of {list(NORMALIZATIONS)}, "
-                       f"got {normalization!r}", "label_normalization")
-    token_logprobs = optional(request.return_token_logprobs, bool, "return_token_logprobs", False)
+        raise ERRORS.invalid_label_normalization(choices=list(NORMALIZATIONS), value=normalization)
+    token_logprobs = optional(request.return_token_logprobs, bool, ERRORS.invalid_return_token_logprobs_type, False)
     model, adapter = served_model(request.model, engine)
 
     check_count(len(items), settings.max_items, "items")
+    # The one check of a request's label count: SCOREFN_MAX_LABELS is the largest label bucket the runtime compiles
+    # (declared classifiers' and rerankers' labels are checked against it at start-up).
     check_count(len(label_ids if texts is None else texts), settings.max_labels,
-                "label_token_ids" if texts is None else "labels", "too_many_labels")
+                "label_token_ids" if texts is None else "labels", ERRORS.too_many_labels)
     if texts is not None:
         label_ids = [_text_label(text, index, engine, settings.max_label_tokens) for index, text in enumerate(texts)]
     sequences = _sequences(query, items, item_first, engine)
@@ -75,10 +76,7 @@ NORMALIZATIONS = ("sum", "mean")
 
 
 def score_response(job: ScoreJob, result: ScoreResult, engine: ScoringEngine) -> schemas.ScoreResponse:
-    logprobs = np.asarray(result.logprobs, np.float64)  # [items, labels]
-    expected = (len(job.sequences), len(job.label_ids))
-    if logprobs.shape != expected:
-        raise ValueError(f"engine returned logprobs of shape {logprobs.shape}, expected {expected}")
+    logprobs = label_values(job, result).astype(np.float64)  # [items, labels]
     if job.normalization == "mean":  # per token: a label's log-probability over its token count
         logprobs = logprobs / np.array([1 if isinstance(label, int) else len(label) for label in job.label_ids])
     # softmax over the requested labels only, per item, in float64 on the host (RFC-000, ADR-001)
@@ -101,11 +99,11 @@ _QUERY_KIND = "a string or list of integers"
 
 
 def _query(raw: msgspec.Raw, vocab_size: int) -> str | list[int]:
-    query = required(raw, str | list[int], "query", _QUERY_KIND)
+    query = required(raw, str | list[int], ERRORS.missing_query, ERRORS.invalid_query_type, _QUERY_KIND)
     if isinstance(query, list) and not fits_int64(query):
-        raise ApiError("invalid_query_type", f"query must be {_QUERY_KIND}", "query")
+        raise ERRORS.invalid_query_type(kind=_QUERY_KIND)
     if len(query) == 0:  # "" and [] alike: there is no context to score
-        raise ApiError("empty_query", "query cannot be empty", "query")
+        raise ERRORS.empty_query()
     if isinstance(query, list):
         check_token_range(query, "query", vocab_size)
     return query
@@ -113,18 +111,17 @@ def _query(raw: msgspec.Raw, vocab_size: int) -> str | list[int]:
 
 def _items(raw: msgspec.Raw, query_is_text: bool, vocab_size: int) -> list[str] | list[list[int]]:
     if not is_given(raw):
-        raise ApiError("missing_items", "items is required", "items")
+        raise ERRORS.missing_items()
     items = decode_field(raw, list[str], "items")
     items_are_text = items is not INVALID
     if not items_are_text:
         items = decode_field(raw, list[list[int]], "items")
     if items is INVALID or (not items_are_text and not all(map(fits_int64, items))):
-        raise ApiError("invalid_items_type", "items must be a list of strings or list of token ID lists", "items")
+        raise ERRORS.invalid_items_type()
     if not items:
-        raise ApiError("empty_items", "items cannot be empty. At least one item is required.", "items")
+        raise ERRORS.empty_items()
     if items_are_text != query_is_text:
-        raise ApiError("mixed_input_types", "query and items must both be text (str) or both be tokens (list[int]). "
-                       f"Got query type: {_mode(query_is_text)}, items[0] type: {_mode(items_are_text)}", "items")
+        raise ERRORS.mixed_input_types(query=_mode(query_is_text), items=_mode(items_are_text))
     if not items_are_text:
         for item in items:
             if item:  # an empty item [] is allowed, like ""
@@ -141,31 +138,27 @@ def _labels(raw: msgspec.Raw, texts_raw: msgspec.Raw, query_is_text: bool, vocab
     """label_token_ids (token IDs, or lists of them), or `labels` (text, tokenized later: returned as texts)."""
     if texts_raw is not msgspec.UNSET:  # `labels` sent: null is not a list of strings (the schema's oneOf)
         if raw is not msgspec.UNSET:
-            raise ApiError("conflicting_labels", "give label_token_ids or labels, not both", "labels")
+            raise ERRORS.conflicting_labels()
         texts = decode_field(texts_raw, list[str], "labels") if is_given(texts_raw) else INVALID
         if texts is INVALID:
-            raise ApiError("invalid_labels_type", "labels must be a list of strings", "labels")
+            raise ERRORS.invalid_labels_type()
         if not texts:
-            raise ApiError("empty_labels", "labels cannot be empty. At least one label is required.", "labels")
+            raise ERRORS.empty_labels()
         if not query_is_text:
-            raise ApiError("labels_need_text", "labels are text: the query and items must be text too (with token "
-                           "IDs, give each label's token IDs in label_token_ids)", "labels")
+            raise ERRORS.labels_need_text()
         return [], texts
     if not is_given(raw):
-        raise ApiError("missing_label_token_ids", "label_token_ids is required", "label_token_ids")
+        raise ERRORS.missing_label_token_ids()
     labels = decode_field(raw, list[int | list[int]], "label_token_ids")
     if labels is INVALID:
         if decode_field(raw, list[msgspec.Raw], "label_token_ids") is INVALID:
-            raise ApiError("invalid_label_token_ids_type", "label_token_ids must be a list of integers",
-                           "label_token_ids")  # RFC-006's messages (a label may also be a list of integers)
-        raise ApiError("invalid_token_id_type", "label_token_ids must contain only integers", "label_token_ids")
+            raise ERRORS.invalid_label_token_ids_type()
+        raise ERRORS.invalid_token_id_type()
     if not labels:
-        raise ApiError("empty_label_token_ids",
-                       "label_token_ids cannot be empty. At least one label token ID is required.", "label_token_ids")
+        raise ERRORS.empty_label_token_ids()
     flat = [token for label in labels for token in ([label] if isinstance(label, int) else label)]
     if not fits_int64(flat):
-        raise ApiError("invalid_token_id_type",
-                       "label_token_ids must contain only integers (within the signed 64-bit range)", "label_token_ids")
+        raise ERRORS.label_id_beyond_int64()
     for index, label in enumerate(labels):
         if isinstance(label, list):
             _check_label_length(len(label), f"label_token_ids[{index}]", max_tokens, "label_token_ids")
@@ -178,12 +171,11 @@ def _one_token_as_id(label: int | list[int]) -> int | list[int]:
     return label[0] if isinstance(label, list) and len(label) == 1 else label
 
 
-def _check_label_length(tokens: int, what: str, max_tokens: int, param: str) -> None:
+def _check_label_length(tokens: int, label: str, max_tokens: int, param: str) -> None:
     if tokens == 0:
-        raise ApiError("empty_label", f"{what} has no token: a label needs at least one", param)
+        raise ERRORS.empty_label(param, label=label)
     if tokens > max_tokens:
-        raise ApiError("label_too_long", f"{what} has {tokens} tokens, more than the limit of {max_tokens} "
-                       f"(SCOREFN_MAX_LABEL_TOKENS)", param)
+        raise ERRORS.label_too_long(param, label=label, count=tokens, limit=max_tokens)
 
 
 def _text_label(text: str, index: int, engine: ScoringEngine, max_tokens: int) -> int | list[int]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from handler.core import ScoringCore
 from runtime.interface import ScoringEngine
-from handler.errors import ApiError
+from handler.errors import ERRORS
 from handler.http import HttpRequest, HttpResponse, PendingScore
 from handler.lifecycle import BackgroundWarmup, shut_down
 from handler.logs import configure_logging
@@ -43,12 +43,11 @@ class WsgiApp:
         try:
             body = _read_body(environ, method, self.core.settings.max_body_bytes)
         except ValueError:
-            error = ApiError("invalid_request", f"The request is malformed: invalid Content-Length "
-                             f"{environ.get('CONTENT_LENGTH', '')[:32]!r}.")
+            error = ERRORS.bad_content_length(value=environ.get("CONTENT_LENGTH", "")[:32])
             return _send(self.core.reject(HttpRequest(method, path, headers, b"", started), error), start_response)
         except OSError:  # the client went away mid-body; whatever we answer, nobody reads it
             log.info("request body unreadable on %s %s", method, path, exc_info=True)
-            error = ApiError("invalid_request", "The request body could not be read.")
+            error = ERRORS.body_unreadable()
             return _send(self.core.reject(HttpRequest(method, path, headers, b"", started), error), start_response)
         outcome = self.core.begin(HttpRequest(method, path, headers, body, started))
         if isinstance(outcome, PendingScore):

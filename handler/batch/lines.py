@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 
 from handler.core import ENDPOINTS
-from handler.errors import ApiError
+from handler.errors import ERRORS, ApiError
 
 # Every endpoint that scores (the routing table says which): what a batch line may name.
 BATCH_URLS = tuple(path for path, endpoint in ENDPOINTS.items() if endpoint.scoring is not None)
@@ -108,23 +108,18 @@ def parse(line: Line, key: Key) -> Request | Refusal:
     try:
         fields = _LINE.decode(line.raw)
     except msgspec.ValidationError:
-        return Refusal(key, line.number, ApiError("invalid_body_type", f"Line {line.number} is not a JSON object."))
+        return Refusal(key, line.number, ERRORS.line_not_object(line=line.number))
     except (msgspec.DecodeError, RecursionError) as exc:
-        return Refusal(key, line.number, ApiError("invalid_json", f"Line {line.number} is not valid JSON: {exc}"))
+        return Refusal(key, line.number, ERRORS.line_not_json(line=line.number, reason=exc))
     if isinstance(key, int):
-        return Refusal(key, line.number, ApiError(
-            "invalid_request", f"Line {line.number} has no custom_id; give each line a non-empty string one.",
-            param="custom_id"))
+        return Refusal(key, line.number, ERRORS.line_without_id(line=line.number))
     method = _string(fields.method)
     if method != "POST":
-        return Refusal(key, line.number, ApiError(
-            "method_not_allowed", f"Line {line.number}: method {_shown(method)} is not allowed; use POST.",
-            param="method"))
+        return Refusal(key, line.number, ERRORS.line_method_not_allowed(line=line.number, method=_shown(method)))
     url = _string(fields.url)
     if url not in BATCH_URLS:
-        return Refusal(key, line.number, ApiError(
-            "not_found", f"Line {line.number}: url {_shown(url)} is not one a batch can call; use one of "
-            f"{', '.join(BATCH_URLS)}.", param="url"))
+        return Refusal(key, line.number, ERRORS.line_url_unknown(line=line.number, url=_shown(url),
+                                                                 urls=", ".join(BATCH_URLS)))
     body = bytes(fields.body) if fields.body is not msgspec.UNSET else b""
     return Request(key, line.number, url, body, items_of(url, body))
 

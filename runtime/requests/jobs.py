@@ -19,7 +19,9 @@ class Job:
     label_rows), each sequence's label of several tokens: [n_sequences, tail] log-probabilities of the tokens its
     last positions predict, right-aligned."""
     sequences: Sequence[Sequence[int]]
-    label_ids: Sequence[int]  # label_rows's: the labels, each a tuple of token IDs
+    # What each sequence's last position is read at: the vocabulary head's label token IDs; with `head`, the columns
+    # 0 .. n-1 of the adapter's own head; with `targets` (label_rows), the labels, each a tuple of token IDs.
+    label_ids: Sequence[int]
     adapter: int = 0  # the LoRA adapter scoring them (runtime.model.lora: 1..S), 0 the base model
     # The adapter's own classification head instead of the vocabulary head: raw logits of its labels 0 .. n-1
     head: bool = False

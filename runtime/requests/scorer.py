@@ -110,8 +110,6 @@ class Scorer(RoundScorer):
         """Check, plan and launch every device batch of these requests; nothing waits for the device."""
         for job in jobs:
             self.check(job.sequences)
-            if isinstance(job, Job) and len(job.label_ids) > self.plan.max_labels:
-                raise ValueError(f"{len(job.label_ids)} labels exceed the limit of {self.plan.max_labels}")
             if isinstance(job, TokenJob) and not self.plan.completion_batches:
                 raise ValueError("this model computes no per-position log-probabilities")
         pending: list[tuple[Any, list[Row]]] = []
@@ -224,6 +222,9 @@ class Scorer(RoundScorer):
             out.append((self._run("lora_class_logits", (batch.head_batch,), hidden, slots), own))
         vocabulary = [None if row is None or jobs[row.job].head else row for row in members]
         if any(vocabulary):
+            # A request's label count is checked once, against SCOREFN_MAX_LABELS (handler.score's too_many_labels):
+            # the largest label bucket. No request gets past it; fit's ValueError is for callers of the scorer
+            # itself (tests, the benchmark, `scorefn score`) that ask for more labels than any compiled head reads.
             n_labels = fit(self.plan.labels, max(len(jobs[row.job].label_ids) for row in vocabulary if row))
             labels = np.zeros((batch.head_batch, n_labels), np.int32)  # padding rows and columns gather label 0
             for r, row in enumerate(vocabulary):

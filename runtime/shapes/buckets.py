@@ -128,10 +128,6 @@ class BucketPlan:
         return self.lengths[-1]
 
     @property
-    def max_labels(self) -> int:
-        return self.labels[-1]
-
-    @property
     def max_suffix(self) -> int:
         """The longest item scored after a shared prefix."""
         return self.layout.max_continuation(self.limits)

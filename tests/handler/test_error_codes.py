@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runtime.interface import DeadlineExceeded, EngineFault, QueueFull, ShuttingDown
-from handler.errors import ERRORS, INTERNAL_ERROR_MESSAGE, ApiError
+from handler.errors import ENGINE_ERRORS, ERRORS, INTERNAL_ERROR_MESSAGE, ErrorSpec
 from tests.handler.clients import Reply
 from tests.handler.conftest import FACES, make_settings, score_body, serve
 from tests.handler.fake_classifiers import HEAD, SENTIMENT, TOPIC
@@ -198,8 +200,17 @@ def test_table_statuses() -> None:
 
 
 def test_unknown_code_is_a_programming_error() -> None:
-    with pytest.raises(ValueError, match="unknown error code"):
-        ApiError("no_such_code", "message")
+    with pytest.raises(AttributeError):
+        ERRORS.no_such_code  # noqa: B018  (raise sites name entries: an unknown one fails where it is named)
+
+
+def test_every_entry_is_raised_somewhere_or_reserved() -> None:
+    """Each entry of ERRORS (other wordings included) is named by a raise site in handler/ or by ENGINE_ERRORS."""
+    handler = Path(__file__).resolve().parents[2] / "handler"
+    source = "".join(path.read_text() for path in handler.rglob("*.py") if path.name != "errors.py")
+    named = {entry.name for entry in ENGINE_ERRORS.values()} | set(re.findall(r"ERRORS\.(\w+)", source))
+    entries = {name for name, entry in vars(type(ERRORS)).items() if isinstance(entry, ErrorSpec)}
+    assert entries - named == RESERVED
 
 
 @pytest.mark.parametrize("face", FACES)
