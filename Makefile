@@ -78,8 +78,11 @@ serve-check:
 	$(MAKE) --no-print-directory setup VENV=$(SERVE_VENV)
 	$(SERVE_VENV)/bin/python scripts/serve_check.py
 
+# Two pytest-xdist workers (CI's cores), each given whole modules (--dist loadfile: a module's fixtures start once);
+# each holds PyTorch and JAX models (~5 GB at most), so more workers need more memory as well as cores.
+TEST_WORKERS ?= 2
 test: serve-check setup-test setup-aot
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: setup-test
 	$(VENV)/bin/scorefn bench $(BENCH_ARGS)

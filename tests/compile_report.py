@@ -1,6 +1,7 @@
-"""A pytest plugin: the XLA compile seconds of this process, by test module, printed after the slowest tests, so
-the next person sees which tests' programs cost the suite its time (servers the tests start in other processes
-compile on their own and are not counted here)."""
+"""A pytest plugin: the XLA compile seconds of the test processes, by test module, printed after the slowest tests,
+so the next person sees which tests' programs cost the suite its time (servers the tests start in other processes
+compile on their own and are not counted here). Under pytest-xdist each worker counts its own compiles and hands
+them to the controller, which prints the sum."""
 
 from __future__ import annotations
 
@@ -34,10 +35,24 @@ def pytest_runtest_protocol(item, nextitem):
         _current[0] = "(between tests)"
 
 
+def pytest_sessionfinish(session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)  # set on an xdist worker only
+    if workeroutput is not None:
+        workeroutput["xla_compiles"] = {module: (_seconds[module], _counts[module]) for module in _counts}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    for module, (seconds, count) in getattr(node, "workeroutput", {}).get("xla_compiles", {}).items():
+        _seconds[module] += seconds
+        _counts[module] += count
+
+
+@pytest.hookimpl(trylast=True)  # after the slowest tests
 def pytest_terminal_summary(terminalreporter) -> None:
     if not _counts:
         return
-    terminalreporter.section("XLA compiles in the test process, by module")
+    terminalreporter.section("XLA compiles in the test processes, by module")
     for module, seconds in _seconds.most_common(15):
         terminalreporter.write_line(f"{seconds:8.1f} s {_counts[module]:5d} compiles  {module}")
     terminalreporter.write_line(f"{sum(_seconds.values()):8.1f} s {sum(_counts.values()):5d} compiles  in all")

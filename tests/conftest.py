@@ -29,6 +29,24 @@ if SERVE_ONLY.is_file():
 TEST_COMPILE_CACHE = REPO / ".cache" / "test-xla"
 
 
+# The longest modules (pytest --durations on a 2-core host), first: `make test` hands whole modules to its workers
+# (pytest-xdist, --dist loadfile) in collection order, and a long module taken last leaves the other worker idle at
+# the end. Only the order depends on this list: a stale one costs minutes, never a result.
+LONGEST_FIRST = (
+    "tests/runtime/model/test_parity_embedded.py", "tests/runtime/model/test_invariance.py",
+    "tests/runtime/assembly/test_sharding.py", "tests/e2e/test_overload.py", "tests/runtime/model/test_token_logprobs.py",
+    "tests/runtime/assembly/test_warmup.py", "tests/e2e/test_schema_fuzz.py", "tests/aot/test_deviceless.py",
+    "tests/runtime/tasks/test_rerank_models.py", "tests/runtime/model/test_label_tokens.py",
+    "tests/runtime/tasks/test_classify_models.py", "tests/e2e/test_batch.py", "tests/runtime/model/test_parity_tiny.py",
+    "tests/e2e/test_batch_invariance.py", "tests/runtime/model/test_lora.py", "tests/runtime/tools/test_bench.py",
+)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(autouse=True)
 def _shared_compile_cache():
     from runtime.assembly.store import enable_persistent_cache

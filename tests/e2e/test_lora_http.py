@@ -10,7 +10,8 @@ import httpx
 import numpy as np
 import pytest
 
-from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess
+from runtime.tools.serverproc import ServerProcess
+from tests.e2e.conftest import FUNCTIONAL
 from tests.conftest import peft_adapter, peft_classifier, torch_label_logprobs
 from tests.runtime.conftest import tiny_served
 
@@ -33,7 +34,7 @@ def served(tmp_path_factory, embedded_dir):
     rerankers.write_text('[[reranker]]\nname = "relevance"\nyes = " Yes"\nno = " No"\n'
                          'template = "Query: {query}\\nDocument: {document}\\nRelevant:"\n')
     adapters = ",".join(f"{name}={root / name}" for name in (*ADAPTERS, "judge"))
-    env = {**SMALL_BUCKETS, "SCOREFN_MODEL": str(root / "base"), "SCOREFN_RERANKERS": str(rerankers),
+    env = {**FUNCTIONAL, "SCOREFN_MODEL": str(root / "base"), "SCOREFN_RERANKERS": str(rerankers),
            "SCOREFN_COMPILE_CACHE_DIR": str(root / "xla"), "SCOREFN_LORA_ADAPTERS": adapters}
     with ServerProcess(env=env) as server:
         yield server, references

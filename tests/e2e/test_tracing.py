@@ -11,7 +11,8 @@ import pytest
 
 from runtime.shapes.programs import PROGRAMS
 from runtime.tools.otlp_receiver import OtlpReceiver
-from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess
+from runtime.tools.serverproc import ServerProcess
+from tests.e2e.conftest import FUNCTIONAL
 
 pytestmark = pytest.mark.slow
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -25,7 +26,7 @@ def named(spans: list, trace_id: str) -> dict[str, object]:
 
 def test_the_server_exports_spans_that_continue_the_trace_sent_in_traceparent():
     receiver = OtlpReceiver()
-    env = {**SMALL_BUCKETS, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50",
+    env = {**FUNCTIONAL, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50",
            "OTEL_SERVICE_NAME": "scorefn-e2e", "GOOGLE_CLOUD_PROJECT": "my-project"}
     try:
         with ServerProcess(env=env) as server:
