@@ -16,6 +16,11 @@ pytest_plugins = ["tests.compile_report"]  # XLA compile seconds by module, afte
 REPO = Path(__file__).resolve().parent.parent
 # Same default as the Makefile, so tests reuse the converted model and the XLA cache.
 CACHE_DIR = Path(os.environ.setdefault("SCOREFN_CACHE_DIR", str(REPO / ".cache" / "scorefn")))
+# Under pytest-xdist (make test) each worker shares the cores with another, and PyTorch's OpenMP threads, one per
+# core, spin while the other worker's XLA threads hold them: a 20 s fixture of transformers' models took 330 s.
+# One thread each, set before anything imports PyTorch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Servers the tests start run from the serve-only venv when `make test` has made it (scripts/serve_check.py ran
 # there): what `make serve` installs, and without the test extras' PyTorch for transformers to import.
 SERVE_ONLY = REPO / ".venv-serve" / "bin" / "scorefn"
