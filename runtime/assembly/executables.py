@@ -3,7 +3,7 @@
 Parameters are an argument of every executable (never captured), so the compiled code does not depend on the weights
 and the compiled programs can be kept between starts (runtime.assembly.store). A `jax.stages.Compiled` never
 recompiles: a shape outside the compiled set raises instead. What each program takes is declared in
-runtime.shapes.programs.
+runtime.shapes.programs, the model function it runs bound to it in runtime.assembly.entry_points.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from runtime.assembly.entry_points import entry_point
 from runtime.assembly.sharding import MeshLayout
 from runtime.assembly.store import (ExecutableStore, cache_events, cache_hits_in_this_thread, fingerprint,
                                     fingerprint_parts)
@@ -131,11 +132,11 @@ class Executables:
     # ---- one program ------------------------------------------------------------------------------------
 
     def _entry(self, name: str) -> Callable:
-        graphdef = self.graphdef
+        graphdef, function = self.graphdef, entry_point(PROGRAMS[name])
 
         def run(state, *args):
             model = nnx.merge(graphdef, state)
-            return getattr(model, name)(*args)
+            return function(model, *args)
         return run
 
     @property

@@ -20,7 +20,7 @@ import numpy as np
 
 from runtime.model import attention, invariant
 from runtime.model.config import ModelConfig
-from runtime.model.transformer import Kernels
+from runtime.model.kernels import Kernels
 from runtime.assembly import bitclasses
 from runtime.shapes.buckets import label_buckets, rounded_up
 from runtime.shapes.grid import GridLayout

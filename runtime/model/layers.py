@@ -57,7 +57,7 @@ def rope_tables(positions: jax.Array, inv_freq: jax.Array, scaling: float = 1.0)
 
 def gated_mlp(x: jax.Array, p: dict, activation: str, projection: Callable | None = None) -> jax.Array:
     """down(act(gate(x)) * up(x)): SwiGLU (silu) or GeGLU (gelu tanh); x [B, T, D] -> [B, T, D] float32.
-    `projection(x, name)`: how a projection runs (default: `project`; the transformer adds LoRA updates)."""
+    `projection(x, name)`: how a projection runs (default: `project`; runtime.model.decoder_layer adds LoRA updates)."""
     run = projection or (lambda x, name: project(x, p, name))
     gate, up = run(x, "w_gate"), run(x, "w_up")
     return run(ACTIVATIONS[activation](gate) * up, "w_down")

@@ -1,13 +1,15 @@
 """Every supported decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma 1/2/3, Phi-3, Granite,
-OLMo 2) as one Flax NNX module (Transformer), prefill only. The families differ in data (runtime.model.config.ModelConfig), not
-in code paths per family: one layer body reads which norms, activation, multipliers, soft-caps and experts apply.
+OLMo 2) as one Flax NNX module (Transformer), prefill only: the weights, the trunk (embedding, the loop over the
+layers, the final norm) and the entry points the compiled programs run. The families differ in data
+(runtime.model.config.ModelConfig), not in code paths per family: one layer body (runtime.model.decoder_layer) reads
+which norms, activation, multipliers, soft-caps and experts apply.
 
 Layers are stacked along a leading axis and run with `lax.scan` (or unrolled where runtime.assembly.platform measured
 that it pays): one compiled layer body whatever the depth, so every shape bucket compiles quickly.
 Weight matmuls take `dtype` inputs (float32 or bfloat16) and accumulate in float32. Attention runs in
-`Kernels.attention_dtype` through runtime.model.attention (float32 on CPU: bfloat16 attention moved the embedded
-model's log-probs by up to 0.06 there; bfloat16 on accelerators, where cuDNN needs it). Norms, softmax,
-log-softmax, the residual stream and the embedding/vocabulary head stay in float32. LoRA adapters
+`Kernels.attention_dtype` (runtime.model.kernels) through runtime.model.attention (float32 on CPU: bfloat16
+attention moved the embedded model's log-probs by up to 0.06 there; bfloat16 on accelerators, where cuDNN needs it).
+Norms, softmax, log-softmax, the residual stream and the embedding/vocabulary head stay in float32. LoRA adapters
 (runtime.model.lora) add each token's own adapter's update to the projections; every entry point takes each row's
 adapter (0: the base model). What the entry points read from the final hidden states (labels' log-probabilities,
 next-token distributions, classification heads) is in runtime.model.heads.
@@ -21,16 +23,16 @@ H heads, K KV heads, G = H // K, E head dim, R rotary dims, F MLP hidden, V voca
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from runtime.model import attention, heads, invariant, pallas_attention
+from runtime.model import attention, heads, invariant
 from runtime.model.config import ModelConfig
-from runtime.model.layers import dense, gated_mlp, project, rms_norm, rope_tables, rotate, routed_experts
+from runtime.model.decoder_layer import DecoderLayer, lora_mask, rotary_tables
+from runtime.model.kernels import Kernels
+from runtime.model.layers import rms_norm
 
 F32 = jnp.float32
 
@@ -40,46 +42,7 @@ def _weights(value: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(value, jnp.bfloat16) if value.dtype == jnp.uint16 else value
 
 
-@dataclasses.dataclass(frozen=True)
-class Kernels:
-    """How the layers run; runtime.assembly.platform picks these per platform from measurements."""
-    unroll: bool = False  # unroll the layer loop instead of lax.scan
-    attention: str = "xla"  # implementation of jax.nn.dot_product_attention: xla | cudnn
-    attention_dtype: str = "float32"  # queries, keys and values of attention (and the shared-prefix KV)
-    matmul_precision: str | None = None  # traced under jax.default_matmul_precision (e.g. "highest": no TF32)
-    batch_invariant: bool = False  # whole rows computed so that a row's bits never depend on the others (invariant)
-    # A scanned stack of bfloat16 weights held as their bits (16-bit integers): XLA:CPU slices bfloat16 through
-    # float32 and back (2.4x the time of one item's layers), integers as they are. CPU only: accelerators slice
-    # bfloat16 as it is.
-    weight_bits: bool = False
-    # Batch-invariant kernels: the fewest rows of a matmul (the token stream's, an attention tile's), from which rows
-    # have the same bits whatever their number (runtime.assembly.bitclasses measures it on the host).
-    min_rows: int = invariant.MIN_ROWS
-    # Accelerators: the stream's token-wise work (norms, projections, rotation, MLP) in a loop over fixed chunks of
-    # this many tokens, each one compiled shape (a GPU picks a GEMM per shape: a row's bits moved with the batch's
-    # rows); 0: the whole stream at once (a CPU: its matmuls' rows keep their bits from min_rows up).
-    stream_chunk: int = 0
-    # and the rows of a tile of the label log-probabilities' head that give a row the bits it has in a tile of TILE
-    head_rows: tuple[int, int] = (invariant.TILE, invariant.TILE)
-
-
 NO_WINDOW = 2**30  # the window of a global layer among sliding ones: longer than any sequence
-
-
-def _frequencies(table: jax.Array, lengths: jax.Array | None) -> jax.Array:
-    """Inverse frequencies [R/2], or from a by-length table (dynamic, longrope) per row [B, R/2] (lengths [B]) or
-    per token [R, W, R/2] (packed rows: lengths [R, W]); without lengths (the shared-prefix paths) the first row,
-    valid because the scorer shares only within the length limit."""
-    if table.ndim == 1:
-        return table
-    if lengths is None:
-        return table[0]
-    return jnp.take(table, jnp.clip(lengths, 1, table.shape[0]) - 1, axis=0)
-
-
-def _first(tree):
-    """The arrays of a batch-invariant stream's pytree ([1, M, ...] each; None as it is) without their leading 1."""
-    return jax.tree.map(lambda a: a[0], tree)
 
 
 def rope_length_limit(cfg: ModelConfig, max_length: int) -> int | None:
@@ -105,6 +68,7 @@ class Transformer(nnx.Module):
         self.attention_dtype = jnp.dtype(self.kernels.attention_dtype)
         window = cfg.sliding_window
         self.window = window if window is not None and (max_length is None or window < max_length) else None
+        self.decoder_layer = DecoderLayer(cfg, self.kernels, self.window, self.attention_dtype)
 
         def param(name: str, layer: int | None = None) -> nnx.Param:
             # The embedding/vocabulary head stays float32: it runs only at scored positions (cheap) and
@@ -160,155 +124,6 @@ class Transformer(nnx.Module):
             data["local_rope"] = jnp.asarray(np.asarray(cfg.sliding_layers or (True,) * cfg.num_layers))  # [Layers]
         return data
 
-    # ---- one decoder layer (the scan body) -------------------------------------------------------
-
-    def _layer(self, h, p, rope, ctx=None, rows=None, lora=None):
-        """h [B, T, D] float32 -> (h, (k, v)); with a context (ctx_k, ctx_v [C, K, E], ctx_len, positions [B, T]),
-        the queries also attend the context's first ctx_len keys; with an attention.Packed, each row holds several
-        sequences (see _attend). `rope`: (cos, sin) [B, T, R], and the local (cos, sin) or None.
-        `rows`: (B, T) when h is the batch-invariant stream of their tokens [1, M, D] (invariant.flatten): all but
-        attention run on the stream (`rope` too), attention on the rows. `lora`: each token's mask of the stacked
-        LoRA columns (_lora_mask), or None."""
-        stream = rows is not None
-        chunk = self.kernels.stream_chunk if stream else 0
-        if chunk:  # the stream in fixed chunks of tokens: every matmul and norm of one compiled shape, one kernel
-            def tokens_in(xs):
-                h_c, rope_c, lora_c = xs
-                q, k, v = self._project(h_c[None], p, False, None if lora_c is None else lora_c[None])
-                q, k = self._heads(q, k, p, jax.tree.map(lambda t: t[None], rope_c), False)
-                return q[0], k[0], v[0]
-            q, k, v = (a[None] for a in invariant.rowwise(tokens_in, (h[0], _first(rope), _first(lora)), chunk))
-        else:
-            q, k, v = self._project(h, p, stream, lora)
-            q, k = self._heads(q, k, p, rope, stream)
-        if stream:
-            q, k, v = (invariant.unflatten(a, rows) for a in (q, k, v))
-        out = self._attend(q, k, v, p, ctx, stream)
-        if stream:
-            out = invariant.flatten(out, h.shape[1])
-        if chunk:
-            def tokens_out(xs):
-                h_c, out_c, lora_c = xs
-                return self._finish(h_c[None], out_c[None], p, False, None if lora_c is None else lora_c[None])[0]
-            return invariant.rowwise(tokens_out, (h[0], out[0], _first(lora)), chunk)[None], (k, v)
-        return self._finish(h, out, p, stream, lora), (k, v)
-
-    def _project(self, h, p, stream: bool, lora=None):
-        """The attention's projections: h [B, T, D] -> q [B, T, N * E], k [B, T, K * E] float32 (to be normed and
-        rotated by _heads), v [B, T, K, E] in the attention dtype. `stream`: h is the batch-invariant stream."""
-        cfg = self.cfg
-        B, T, _ = h.shape
-        x = self._norm(h, p["attn_norm"], stream) if cfg.pre_norms else h
-        q, k = self._dense(x, p, "wq", lora), self._dense(x, p, "wk", lora)
-        v = self._dense(x, p, "wv", lora).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
-        return q, k, v.astype(self.attention_dtype)
-
-    def _heads(self, q, k, p, rope, stream: bool):
-        """q [B, T, N * E] and k [B, T, K * E] -> normed (where the family norms them) and rotated q [B, T, N, E],
-        k [B, T, K, E] in the attention dtype. `stream`: q and k are the batch-invariant stream, normed and rotated in
-        fixed tiles of tokens (runtime.model.invariant): the loop's output is materialized, so nothing that cuts or
-        gathers it fuses with the rotation (over the whole stream, fused with the attention's gathers, the rotation's
-        bits moved with the number of tokens: tiny Gemma 2, 2026-11-26)."""
-        (cos, sin), local = rope
-        if local is not None:  # Gemma 3: the sliding layers' own RoPE base
-            cos, sin = jnp.where(p["local_rope"], local[0], cos), jnp.where(p["local_rope"], local[1], sin)
-        if stream:  # float32 out of the loop: XLA:CPU updated a bfloat16 loop output through float32, whole, per tile
-            tile = lambda xs: tuple(a[0] for a in self._normed_and_rotated(*(x[None] for x in xs), p))
-            q, k = invariant.tokenwise(tile, (q, k, cos, sin))
-        else:
-            q, k = self._normed_and_rotated(q, k, cos, sin, p)
-        return q.astype(self.attention_dtype), k.astype(self.attention_dtype)
-
-    def _normed_and_rotated(self, q, k, cos, sin, p):
-        """q and k normed where the family norms them and rotated, [B, T, N or K, E] float32."""
-        cfg = self.cfg
-        B, T, _ = q.shape
-        if cfg.qk_norm:
-            q, k = self._qk_normed(q, k, p)
-        q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
-        return rotate(q, cos, sin), rotate(k, cos, sin)
-
-    def _qk_normed(self, q, k, p):
-        """q [..., N * E] and k [..., K * E] normed as the family norms them: OLMo 2 over all heads at once (its
-        "projection" norm), Qwen3 and Gemma 3 per head."""
-        cfg = self.cfg
-        if cfg.qk_norm == "projection":
-            return rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
-        q_heads = q.reshape(*q.shape[:-1], cfg.num_heads, cfg.head_dim)
-        k_heads = k.reshape(*k.shape[:-1], cfg.num_kv_heads, cfg.head_dim)
-        return (rms_norm(q_heads, p["q_norm"], cfg.rms_norm_eps).reshape(q.shape),
-                rms_norm(k_heads, p["k_norm"], cfg.rms_norm_eps).reshape(k.shape))
-
-    def _finish(self, h, out, p, stream: bool, lora=None):
-        """After attention: out [B, T, N, E] projected and added to h [B, T, D], then the MLP (or experts).
-        `stream`: h is the batch-invariant stream (its router in fixed tiles of tokens)."""
-        cfg = self.cfg
-        B, T, _ = h.shape
-        out = self._dense(out.reshape(B, T, cfg.num_heads * cfg.head_dim), p, "wo", lora)
-        h = self._residual(h, out, p.get("attn_post_norm"), stream)
-        x = self._norm(h, p["mlp_norm"], stream) if cfg.pre_norms else h
-        if cfg.num_experts:
-            y = routed_experts(x, p, cfg.activation, cfg.experts_per_token, cfg.norm_topk_prob,
-                               route=invariant.tokenwise if stream else None)
-        else:
-            y = gated_mlp(x, p, cfg.activation, lambda x, name: self._dense(x, p, name, lora))
-        return self._residual(h, y, p.get("mlp_post_norm"), stream)
-
-    @staticmethod
-    def _dense(x, p, name: str, lora):
-        """x @ p[name] (+ its bias: bq for wq, b_gate for w_gate), plus each token's LoRA update where the model
-        has adapters: ((x @ A_all) * mask) @ B_all over every adapter's columns at once (runtime.model.lora); the
-        columns of other adapters add exact zeros, so a token's result does not depend on its neighbours'."""
-        y = project(x, p, name)
-        if lora is None or f"lora_a_{name}" not in p:
-            return y
-        return y + dense(dense(x, p[f"lora_a_{name}"]) * lora, p[f"lora_b_{name}"])
-
-    def _lora_mask(self, adapters, shape: tuple[int, int], stream: int | None):
-        """Each token's mask [B, T, S * R] (or [1, M, S * R] on the batch-invariant stream) of the LoRA columns of
-        its adapter: `adapters` per row [B] or per token [R, W] (packed rows), 0 for the base model (no column).
-        None without adapters."""
-        if self.lora_columns is None or adapters is None:
-            return None
-        per_token = jnp.broadcast_to(adapters[:, None], shape) if adapters.ndim == 1 else adapters
-        if stream is not None:
-            per_token = invariant.flatten(per_token, stream)  # the stream's padding tokens: 0, the base
-        return (per_token[..., None] == self.lora_columns[...]).astype(F32)
-
-    def _norm(self, x, weight, stream: bool):
-        """RMSNorm of x [..., D]; on the batch-invariant stream with its sums of squares as a matmul (as a reduction
-        a token's bits moved with the number of tokens: runtime.model.invariant)."""
-        return (invariant.rms_norm if stream else rms_norm)(x, weight, self.cfg.rms_norm_eps)
-
-    def _attend(self, q, k, v, p, ctx, stream: bool):
-        """Attention of one layer: causal over whole rows (ctx None), after a shared context (ctx: context keys,
-        values, length, positions), or within the sequences packed into rows (an attention.Packed). The window is
-        the layer's own where layers differ (a traced scalar), else the model's (a Python int or None). `stream`:
-        the rows come from the batch-invariant stream, and attend with its kernels (runtime.model.invariant)."""
-        cfg = self.cfg
-        window = p.get("window", self.window)
-        how = dict(implementation=self.kernels.attention, scale=cfg.attention_scale, softcap=cfg.attention_softcap)
-        if stream:
-            context = None if ctx is None else ctx[:3]
-            if self.kernels.attention == "pallas":
-                return pallas_attention.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap, context)
-            return invariant.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap, context,
-                                    self.kernels.min_rows)
-        if ctx is None:
-            return attention.causal(q, k, v, window, **how)
-        if isinstance(ctx, attention.Packed):
-            return attention.packed(q, k, v, ctx, window, **how)
-        return attention.after_context(q, k, v, *ctx, window, **how)
-
-    def _residual(self, h, branch, post_norm, stream: bool):
-        """h + the branch, normed first where the family norms outputs (Gemma 2/3, OLMo 2), scaled (Granite)."""
-        if post_norm is not None:
-            branch = self._norm(branch, post_norm, stream)
-        if self.cfg.residual_scale != 1.0:
-            branch = branch * self.cfg.residual_scale
-        return h + branch
-
     def _run_layers(self, tokens, positions, ctx=None, keep_kv=False, lengths=None, segments=None, adapters=None):
         """`lengths`: each row's length [B] (or each token's sequence length [R, W] in packed rows), for RoPE
         types whose frequencies depend on it (None: the first row). `segments` [R, W]: packed rows. `adapters`:
@@ -323,11 +138,12 @@ class Transformer(nnx.Module):
             h = invariant.flatten(h, min_tokens=max(self.kernels.min_rows, self.kernels.stream_chunk),
                                   align=self.kernels.stream_chunk or invariant.STREAM_ALIGN)
         tokens_of_stream = h.shape[1] if tiled else None
-        rope = self._rope(positions, self.inv_freq[...], lengths, self.rope_scaling, tokens_of_stream)
-        lora = self._lora_mask(adapters, (B, T), tokens_of_stream)
+        rope = rotary_tables(positions, self.inv_freq[...], lengths, self.rope_scaling, tokens_of_stream)
+        columns = None if self.lora_columns is None else self.lora_columns[...]
+        lora = lora_mask(columns, adapters, (B, T), tokens_of_stream)
         local = None
         if self.local_inv_freq is not None:
-            local = self._rope(positions, self.local_inv_freq[...], lengths, self.local_rope_scaling,
+            local = rotary_tables(positions, self.local_inv_freq[...], lengths, self.local_rope_scaling,
                                tokens_of_stream)
 
         def body(h, xs):
@@ -338,7 +154,7 @@ class Transformer(nnx.Module):
             else:
                 attend = (*kv, ctx[2], positions) if segments is None else \
                     attention.Packed(segments, positions, (*kv, ctx[2]))
-            h, (k, v) = self._layer(h, p, (rope, local), attend, rows, lora)
+            h, (k, v) = self.decoder_layer(h, p, (rope, local), attend, rows, lora)
             return h, ((k[0], v[0]) if keep_kv else None)  # keep_kv only for a batch of one (and no context)
         context = (None, None) if ctx is None else ctx[:2]
         if self.kernels.unroll:  # a Python loop over each layer's own parameters
@@ -352,18 +168,6 @@ class Transformer(nnx.Module):
             layers = {name: value[...] for name, value in self.layers.items()} | self._layer_data()
             h, kv = jax.lax.scan(body, h, (layers, context))
         return (h if rows is None else invariant.unflatten(h, rows)), kv
-
-    @staticmethod
-    def _rope(positions, table, lengths, scaling: float, stream: int | None):
-        """cos, sin [B, T, R] of positions [B, T]; `stream`: the tokens M of the batch-invariant stream, whose
-        tables [1, M, R] are computed in fixed tiles of tokens (their transcendentals too)."""
-        freqs = _frequencies(table, lengths)
-        if stream is None:
-            return rope_tables(positions, freqs, scaling)
-        B, T = positions.shape
-        per_token = jnp.broadcast_to(freqs if freqs.ndim == 1 else freqs[:, None, :], (B, T, freqs.shape[-1]))
-        tables = lambda xs: tuple(a[0] for a in rope_tables(xs[0][None], xs[1][None], scaling))
-        return invariant.tokenwise(tables, (invariant.flatten(positions, stream), invariant.flatten(per_token, stream)))
 
     def _rows(self, fn, xs):
         """fn over rows of `xs` [B, ...]: in fixed tiles of rows for the batch-invariant kernels, else at once."""

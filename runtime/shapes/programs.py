@@ -1,10 +1,12 @@
-"""Every compiled program, declared once: the model method it runs, what the numbers of its buckets mean, its
-arguments' shapes and dtypes, how a device mesh splits them, and what one device batch of it computes.
+"""Every compiled program, declared once: its name, what the numbers of its buckets mean, its arguments' shapes
+and dtypes, how a device mesh splits them, and what one device batch of it computes.
 
 A program is compiled once per bucket (a tuple of sizes, named by `dims`) and called by name; serving
 (runtime.requests.scorer, through a bucket layout), sharding (runtime.assembly.sharding), the executables and their
 store, `scorefn compile`, the cost model and the roofline all read it from here. A new entry point is a method of
-runtime.model.transformer.Transformer and one declaration below. Pure Python: arguments are (shape, dtype) pairs.
+runtime.model.transformer.Transformer, one declaration below, and its binding to that method in
+runtime.assembly.entry_points (this module is pure Python, so it names no model function). Arguments are (shape,
+dtype) pairs.
 
 Sharding roles: "batch" (rows split over the mesh's data axis), "kv" (a shared prefix's keys and values
 [Layers, C, K, E], split by KV heads when those are), "rep" (replicated).
@@ -44,7 +46,7 @@ class ModelShapes:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    name: str  # the model method it runs, and the executables' name for it
+    name: str  # the executables' name for it (and its model method's: runtime.assembly.entry_points binds them)
     dims: tuple[str, ...]  # what each size of a bucket is
     kind: str  # one of KINDS
     arg_roles: tuple[str, ...]

@@ -13,7 +13,8 @@ from runtime.shapes.buckets import BucketPlan
 from runtime.assembly.executables import Executables
 from runtime.shapes.grid import GridLayout
 from runtime.model.config import load_config
-from runtime.model.transformer import Kernels, Transformer
+from runtime.model.kernels import Kernels
+from runtime.model.transformer import Transformer
 from runtime.assembly.platform import fit_to_matmuls, resolve
 from runtime.requests.scorer import Scorer
 from runtime.settings import load_settings

@@ -15,7 +15,8 @@ import pytest
 from runtime.interface import Sampling
 from runtime.model import lora
 from runtime.model.config import load_config
-from runtime.model.transformer import Kernels, Transformer
+from runtime.model.kernels import Kernels
+from runtime.model.transformer import Transformer
 from runtime.model.weights import load_arrays
 from runtime.assembly.executables import Executables
 from runtime.requests.jobs import Job, TokenJob

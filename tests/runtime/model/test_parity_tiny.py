@@ -9,7 +9,7 @@ import copy
 import numpy as np
 import pytest
 
-from runtime.model.transformer import Kernels
+from runtime.model.kernels import Kernels
 from tests.conftest import assert_bfloat16_within_baseline, torch_label_logprobs
 from tests.runtime.conftest import CASES, random_sequences, scorer_for, small_plan, tiny_checkpoint
 

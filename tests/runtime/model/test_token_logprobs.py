@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from runtime.model import heads
-from runtime.model.transformer import Kernels
+from runtime.model.kernels import Kernels
 from runtime.interface import MAX_TOP_LOGPROBS, Sampling
 from tests.runtime.conftest import CASES, random_sequences, scorer_for, small_plan, tiny_checkpoint
 

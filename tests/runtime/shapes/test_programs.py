@@ -6,8 +6,8 @@ import inspect
 
 import pytest
 
-from runtime.model.transformer import Transformer
 from runtime.assembly import sharding
+from runtime.assembly.entry_points import entry_point
 from runtime.shapes.buckets import BucketPlan
 from runtime.shapes.grid import GridLayout
 from runtime.shapes.packed import PackedLayout
@@ -37,9 +37,9 @@ def compiled() -> dict[str, list[tuple[int, ...]]]:
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
-def test_every_program_has_a_method_a_sharding_a_cost_and_buckets(name):
+def test_every_program_has_a_model_function_a_sharding_a_cost_and_buckets(name):
     program = PROGRAMS[name]
-    method = getattr(Transformer, program.name)  # the model method it runs
+    method = entry_point(program)  # the model function it runs
     buckets = compiled()[name]  # some layout compiles it
     assert buckets and program.kind in KINDS
     parameters = list(inspect.signature(method).parameters)[1:]
