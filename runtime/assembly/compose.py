@@ -21,10 +21,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from runtime.model import invariant, lora
+from runtime.model import invariant, lora, params
 from runtime.model.config import ModelConfig
 from runtime.model.transformer import Transformer
-from runtime.model.weights import array_shapes
 from runtime.assembly import platform as platforms
 from runtime.shapes.buckets import BucketPlan
 from runtime.assembly.executables import Executables
@@ -73,9 +72,9 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
     explicit = settings.attention == "cudnn"
     platform = platforms.fit_to_model(platform, cfg, plan.max_length, explicit, probe=probe and arrays is not None)
     platform = platforms.fit_to_layout(platform, mesh, explicit)
-    base = array_shapes(cfg)  # the weights' shapes, from the config (the loader checked the weights against them)
-    projections = lora.projection_shapes(base)
-    shapes = base if not slots else base | lora.stacked_shapes(projections, cfg.num_layers, slots, rank)
+    # Every array's declaration, from the config (the loader checked the weights against them) and the LoRA slots
+    declared = params.declare(cfg) | lora.declare(cfg, slots, rank)
+    shapes = {name: info.shape for name, info in declared.items()}
     store = store or executable_store(settings)
     # The bit classes belong to the host's kernels, not to one store: recorded in the cache directory, every store
     # of this host shares them (a test's fresh store, a second model) instead of compiling the probe again.
@@ -87,11 +86,9 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
 
     def model() -> Transformer:
         if arrays is not None:
-            adapted = arrays if not slots else arrays | lora.stacked(list(adapters), projections, cfg.num_layers,
-                                                                     slots, rank)
+            adapted = arrays if not slots else arrays | lora.stacked(list(adapters), cfg, slots, rank)
             return Transformer(cfg, adapted, platform.dtype, platform.kernels, plan.max_length, plan.label_tokens)
-        abstract = {name: jax.ShapeDtypeStruct(shape, np.int32 if name == "lora_columns" else np.float32)
-                    for name, shape in shapes.items()}
+        abstract = {name: jax.ShapeDtypeStruct(info.shape, info.host_dtype) for name, info in declared.items()}
         return nnx.eval_shape(lambda a: Transformer(cfg, a, platform.dtype, platform.kernels, plan.max_length,
                                                     plan.label_tokens), abstract)
 

@@ -59,7 +59,7 @@ class Executables:
         # be loaded into the compiling process (its devices are compile-only stand-ins).
         self.compile_only = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(self.state))
         if shardings is not None:
-            self.state = shardings.put_state(self.state)  # every parameter placed with its sharding, once
+            self.state = shardings.put_state(self.state, model.declared)  # each placed with its sharding, once
         elif self.compile_only:
             self.state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._one_device),
                                       self.state)

@@ -1,5 +1,6 @@
 """Running one model on a device mesh with JAX's own sharding: a `Mesh` with axes ("data", "model"),
-a `NamedSharding` per parameter, and `jit` with in/out shardings per entry point.
+a `NamedSharding` per parameter (from the logical axes of its declaration, runtime.model.params), and `jit` with
+in/out shardings per entry point.
 
 - data: every device batch is split by rows; each data slice holds a full copy of the (model-sharded) weights.
   With the batch-invariant kernels and no model axis, each device runs the single-device program on its own rows
@@ -24,12 +25,13 @@ import contextlib
 import dataclasses
 import logging
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from runtime.model import params
 from runtime.model.config import ModelConfig
 from runtime.shapes.buckets import BucketPlan
 from runtime.shapes.programs import PROGRAMS
@@ -59,22 +61,11 @@ def parse_mesh(text: str, device_count: int) -> tuple[int, int]:
 
 # ---- which parameters split along the model axis --------------------------------------------------------
 
-# Base parameter name (without "layers.") -> (part of the model, its spec when that part is sharded).
-# Stacked layer weights carry a leading layer axis, hence the leading None.
-_SHARDED = {
-    "wq": ("attention", P(None, None, MODEL)), "bq": ("attention", P(None, MODEL)),
-    "wo": ("attention", P(None, MODEL, None)),
-    "wk": ("kv", P(None, None, MODEL)), "wv": ("kv", P(None, None, MODEL)),
-    "bk": ("kv", P(None, MODEL)), "bv": ("kv", P(None, MODEL)),
-    "w_gate": ("mlp", P(None, None, MODEL)), "w_up": ("mlp", P(None, None, MODEL)),
-    "b_gate": ("mlp", P(None, MODEL)), "b_up": ("mlp", P(None, MODEL)),
-    "w_down": ("mlp", P(None, MODEL, None)),
-    # Qwen3-MoE's experts [Layers, X, D, F] / [Layers, X, F, D]: split by each expert's hidden units like the MLP
-    # (every device holds every expert: the dense formulation runs them all); the router [Layers, D, X] replicated.
-    "experts_gate": ("mlp", P(None, None, None, MODEL)), "experts_up": ("mlp", P(None, None, None, MODEL)),
-    "experts_down": ("mlp", P(None, None, MODEL, None)),
-    "embed": ("vocab", P(MODEL, None)), "lm_head": ("vocab", P(MODEL, None)),
-}
+# The part of the model each logical axis of a parameter's declaration (runtime.model.params) belongs to: the axis
+# splits over the model axis when that part does. Every other axis (the layers, the experts, the hidden size,
+# None) is never split: Qwen3-MoE's experts split by their hidden units like the MLP (every device holds every
+# expert: the dense formulation runs them all), and the stacked layers run under `lax.scan`.
+_PARTS = {params.HEADS: "attention", params.KV_HEADS: "kv", params.MLP: "mlp", params.VOCAB: "vocab"}
 
 
 def sharded_parts(cfg: ModelConfig, model: int, data: int = 1) -> dict[str, bool]:
@@ -104,15 +95,15 @@ def sharded_parts(cfg: ModelConfig, model: int, data: int = 1) -> dict[str, bool
     return parts
 
 
-def param_spec(name: str, parts: dict[str, bool]) -> P:
-    """PartitionSpec of a parameter by its flat name (embed, layers.wq, ...; an unrolled model's layer i:
-    layers.i.wq, without the leading layer axis); unknown names are replicated."""
-    index, _, rest = name.removeprefix("layers.").partition(".")
-    one_layer = index.isdigit()
-    part, spec = _SHARDED.get(rest if one_layer else name.removeprefix("layers."), (None, P()))
-    if part is None or not parts[part]:
+def param_spec(info: params.ParamInfo | None, parts: dict[str, bool], one_layer: bool = False) -> P:
+    """PartitionSpec of a parameter from its declaration's logical axes; `one_layer`: an unrolled model's layer's
+    own slice, without the leading layer axis. Replicated (P()) when no axis splits, and for what nothing declares
+    (the RoPE tables)."""
+    if info is None:
         return P()
-    return P(*spec[1:]) if one_layer else spec
+    axes = info.axes[1:] if one_layer else info.axes
+    spec = tuple(MODEL if parts.get(_PARTS.get(axis), False) else None for axis in axes)
+    return P(*spec) if MODEL in spec else P()
 
 
 def check_batches(plan: BucketPlan, data: int, mesh_text: str) -> None:
@@ -129,8 +120,13 @@ def check_batches(plan: BucketPlan, data: int, mesh_text: str) -> None:
             f"(e.g. {','.join(str(data * k) for k in (1, 2, 4, 8))}) or a smaller data axis (SCOREFN_MESH=DATAxMODEL)")
 
 
-def _param_name(path: Sequence[Any]) -> str:
-    return ".".join(str(key.key) for key in path if isinstance(key, jax.tree_util.DictKey))
+def _declared_as(path: Sequence[Any]) -> tuple[str, bool]:
+    """A state leaf's parameter name (embed, layers.wq, ...) and whether it is an unrolled model's one layer's slice
+    (layers.7.wq: the declaration's layers.wq)."""
+    keys = [str(key.key) for key in path if isinstance(key, jax.tree_util.DictKey)]
+    if keys[0] == "layers" and len(keys) > 2 and keys[1].isdigit():
+        return ".".join(["layers", *keys[2:]]), True
+    return ".".join(keys), False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,10 +159,14 @@ class MeshLayout:
         except RuntimeError:  # JAX_PLATFORMS without cpu: build on the default device
             return contextlib.nullcontext()
 
-    def put_state(self, state: Any) -> Any:
-        """The model state (nnx.State) with every array placed with its NamedSharding, once, at start-up."""
+    def put_state(self, state: Any, declared: Iterable[params.ParamInfo]) -> Any:
+        """The model state (nnx.State) with every array placed with its NamedSharding (from its declaration), once,
+        at start-up."""
+        by_name = {info.name: info for info in declared}
+
         def put(path, value):
-            sharding = NamedSharding(self.mesh, param_spec(_param_name(path), self.parts))
+            name, one_layer = _declared_as(path)
+            sharding = NamedSharding(self.mesh, param_spec(by_name.get(name), self.parts, one_layer))
             if isinstance(value, jax.ShapeDtypeStruct):  # an abstract state (compiling without weights)
                 return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
             return jax.device_put(value, sharding)

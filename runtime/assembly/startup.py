@@ -48,8 +48,8 @@ def load(settings: Settings) -> Loaded:
 
 def adapters(settings: Settings, model: LoadedModel) -> list[lora.Adapter]:
     """The LoRA adapters the settings name, checked against the model (a bad one fails the start, naming it)."""
-    return lora.load_adapters(settings.lora_adapters, settings.max_loras, settings.max_lora_rank, model.arrays,
-                              model.cfg.num_layers, model.model_id)
+    return lora.load_adapters(settings.lora_adapters, settings.max_loras, settings.max_lora_rank, model.cfg,
+                              model.model_id)
 
 
 def scorer(settings: Settings, loaded: LoadedModel, *, lazy: bool = False) -> tuple[Scorer, Platform]:

@@ -260,7 +260,7 @@ def _last_axis_max(x: jax.Array) -> jax.Array:
 def matmul_shapes(shapes: dict[str, tuple[int, ...]], dtype: str, attention_dtype: str, head_dim: int
                   ) -> tuple[tuple[int, int, str], ...]:
     """Every (inner, outer, dtype) these kernels multiply a variable number of rows by, for a model with these
-    arrays (runtime.model.weights.array_shapes, and LoRA's): the layers' projections [Layers, I, O], the experts
+    arrays (runtime.model.params.array_shapes, and LoRA's): the layers' projections [Layers, I, O], the experts
     [Layers, X, I, O] (all at once: I x X * O, and X * I x O down), the norms' sums of squares, and attention's
     scores and weighted values. What runtime.assembly.bitclasses measures."""
     found = {(shapes["embed"][1], SUM_COLUMNS, "float32"), (head_dim, KEY_BLOCK, attention_dtype),

@@ -5,12 +5,13 @@ An adapter is a directory with `adapter_config.json` and `adapter_model.safetens
 writes). Each targeted projection W [I, O] of a layer gets x @ W + scale * (x @ A) @ B, A [I, r] and B [r, O] from
 PEFT's lora_A [r, I] and lora_B [O, r]; scale = lora_alpha / r, or lora_alpha / sqrt(r) with rsLoRA.
 
-Stacked: every attention and MLP projection of the model (whatever the adapters target: the shapes, and so the
-compiled programs, depend only on the slots and the rank) gets `lora_a_<name>` [Layers, I, S * R] and
-`lora_b_<name>` [Layers, S * R, O] (the scale folded into B), slot s in columns s * R .. s * R + r, zeros past an
-adapter's rank and where it targets nothing. `lora_columns` [S * R] says which adapter (1..S) each column belongs
-to; a token of adapter a keeps the columns of a (0: the base model keeps none), so its update is
-((x @ A_all) * mask) @ B_all: two matmuls a projection for the whole batch, exact zeros from every other slot.
+Stacked: every attention and MLP projection of the model (those runtime.model.params declares LoRA can target,
+whatever the adapters target: the shapes, and so the compiled programs, depend only on the slots and the rank) gets
+`lora_a_<name>` [Layers, I, S * R] and `lora_b_<name>` [Layers, S * R, O] (the scale folded into B), slot s in
+columns s * R .. s * R + r, zeros past an adapter's rank and where it targets nothing. `lora_columns` [S * R] says
+which adapter (1..S) each column belongs to; a token of adapter a keeps the columns of a (0: the base model keeps
+none), so its update is ((x @ A_all) * mask) @ B_all: two matmuls a projection for the whole batch, exact zeros from
+every other slot.
 
 A sequence-classification adapter (PEFT's SEQ_CLS task: `modules_to_save` its `score` head, trained on the causal
 LM's layers) brings its own head [labels, D]: `lora_heads` [S, MAX_HEAD_LABELS, D] holds each slot's (zeros past
@@ -29,7 +30,9 @@ from pathlib import Path
 import numpy as np
 from safetensors import safe_open
 
-PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")  # the runtime's names of what LoRA can target
+from runtime.model.config import ModelConfig
+from runtime.model import params
+
 # PEFT's module names -> the runtime's (a fused module of Phi-3 -> its parts, split along the output)
 MODULES = {"q_proj": ("wq",), "k_proj": ("wk",), "v_proj": ("wv",), "o_proj": ("wo",), "gate_proj": ("w_gate",),
            "up_proj": ("w_up",), "down_proj": ("w_down",), "qkv_proj": ("wq", "wk", "wv"),
@@ -167,37 +170,47 @@ def slots(spec: str, max_loras: int) -> int:
     return max_loras or len(parse_adapters(spec))
 
 
-def load_adapters(spec: str, max_loras: int, max_rank: int, arrays: dict[str, np.ndarray], num_layers: int,
-                  model_id: str) -> list[Adapter]:
-    """Every adapter SCOREFN_LORA_ADAPTERS names, checked against the served model's weights (`arrays`)."""
+def load_adapters(spec: str, max_loras: int, max_rank: int, cfg: ModelConfig, model_id: str) -> list[Adapter]:
+    """Every adapter SCOREFN_LORA_ADAPTERS names, checked against the served model's projections."""
     named = parse_adapters(spec)
     if max_loras and len(named) > max_loras:
         raise AdapterError(f"SCOREFN_LORA_ADAPTERS names {len(named)} adapters, more than SCOREFN_MAX_LORAS="
                            f"{max_loras}")
     if named and model_id in (name for name, _ in named):
         raise AdapterError(f"LoRA adapter '{model_id}' has the served model's own name")
-    shapes = projection_shapes({name: a.shape for name, a in arrays.items()})
-    return [load_adapter(name, path, shapes, num_layers, model_id, max_rank) for name, path in named]
+    shapes = projection_shapes(cfg)
+    return [load_adapter(name, path, shapes, cfg.num_layers, model_id, max_rank) for name, path in named]
 
 
-def stacked_shapes(shapes: dict[str, tuple[int, int]], num_layers: int, slots: int,
-                   rank: int) -> dict[str, tuple[int, ...]]:
-    """The shapes of `stacked`'s arrays (for a compile without weights)."""
-    out: dict[str, tuple[int, ...]] = {"lora_columns": (slots * rank,),
-                                       "lora_heads": (slots, MAX_HEAD_LABELS, shapes["wq"][0])}
-    for name, (inputs, outputs) in shapes.items():
-        out[f"layers.lora_a_{name}"] = (num_layers, inputs, slots * rank)
-        out[f"layers.lora_b_{name}"] = (num_layers, slots * rank, outputs)
-    return out
+def declare(cfg: ModelConfig, slots: int, rank: int) -> dict[str, params.ParamInfo]:
+    """The declarations of `stacked`'s arrays (runtime.model.params), by name; none without slots. Never split over
+    a mesh: every device holds every slot's updates (slots x rank columns, small beside the weights)."""
+    if not slots:
+        return {}
+    L, columns = cfg.num_layers, slots * rank
+    infos = [params.ParamInfo("lora_columns", (columns,), (None,), "int32", None),
+             params.ParamInfo("lora_heads", (slots, MAX_HEAD_LABELS, cfg.hidden_size), (None,) * 3, "float32", None)]
+    for name, (inputs, outputs) in projection_shapes(cfg).items():  # A and B in the model's dtype, as its weights
+        for half, shape in (("a", (inputs, columns)), ("b", (columns, outputs))):
+            infos.append(params.ParamInfo(f"layers.lora_{half}_{name}", (L, *shape), (params.LAYERS, None, None), None,
+                                          None))
+    return {info.name: info for info in infos}
 
 
-def stacked(adapters: list[Adapter], shapes: dict[str, tuple[int, int]], num_layers: int, slots: int,
-            rank: int) -> dict[str, np.ndarray]:
+def stacked_size(arrays: dict) -> tuple[int, int]:
+    """(slots, rank) of the stacked LoRA arrays among a model's `arrays` (or their shapes' stand-ins); (0, 0) when
+    it has none."""
+    if "lora_heads" not in arrays:
+        return 0, 0
+    slots = arrays["lora_heads"].shape[0]
+    return slots, arrays["lora_columns"].shape[0] // slots
+
+
+def stacked(adapters: list[Adapter], cfg: ModelConfig, slots: int, rank: int) -> dict[str, np.ndarray]:
     """The model's LoRA arrays (see the module's docstring) for these adapters in slots 1..len(adapters)."""
     if len(adapters) > slots:
         raise AdapterError(f"{len(adapters)} LoRA adapters exceed SCOREFN_MAX_LORAS={slots}")
-    arrays = {name: np.zeros(shape, np.float32) for name, shape in stacked_shapes(shapes, num_layers, slots,
-                                                                                   rank).items()}
+    arrays = {name: np.zeros(info.shape, np.float32) for name, info in declare(cfg, slots, rank).items()}
     arrays["lora_columns"] = np.repeat(np.arange(1, slots + 1, dtype=np.int32), rank)
     for s, adapter in enumerate(adapters):
         if adapter.head is not None:
@@ -208,6 +221,6 @@ def stacked(adapters: list[Adapter], shapes: dict[str, tuple[int, int]], num_lay
     return arrays
 
 
-def projection_shapes(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, int]]:
-    """Each projection the model has -> its [I, O], from its stacked weights' shapes [Layers, I, O]."""
-    return {name: tuple(shapes[f"layers.{name}"][1:]) for name in PROJECTIONS if f"layers.{name}" in shapes}
+def projection_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Each projection of the model LoRA can target (runtime.model.params) -> its [I, O]."""
+    return {info.name.removeprefix("layers."): info.shape[1:] for info in params.declare(cfg).values() if info.lora}

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from runtime.model import attention, heads, invariant
+from runtime.model import attention, heads, invariant, lora, params
 from runtime.model.config import ModelConfig
 from runtime.model.decoder_layer import DecoderLayer, lora_mask, rotary_tables
 from runtime.model.kernels import Kernels
@@ -54,7 +54,7 @@ def rope_length_limit(cfg: ModelConfig, max_length: int) -> int | None:
 
 
 class Transformer(nnx.Module):
-    """Weights are given as a dict of NumPy arrays in this module's layout (see runtime.model.weights)."""
+    """Weights are given as a dict of NumPy arrays in this module's layout (runtime.model.params declares each)."""
 
     def __init__(self, cfg: ModelConfig, arrays: dict[str, np.ndarray], dtype: str = "float32",
                  kernels: Kernels | None = None, max_length: int | None = None, label_tokens: int = 1):
@@ -70,32 +70,31 @@ class Transformer(nnx.Module):
         self.window = window if window is not None and (max_length is None or window < max_length) else None
         self.decoder_layer = DecoderLayer(cfg, self.kernels, self.window, self.attention_dtype)
 
-        def param(name: str, layer: int | None = None) -> nnx.Param:
-            # The embedding/vocabulary head stays float32: it runs only at scored positions (cheap) and
-            # bfloat16 rounding there moves log-probs by more than the body's bfloat16 matmuls do. Norms, biases
-            # and the router (its top-k choice) stay float32 too.
-            base = name.removeprefix("layers.")
-            exact = base.endswith("norm") or base.startswith("b") or base in ("embed", "lm_head", "score_head",
-                                                                            "router")
-            kept = F32 if exact else self.dtype
-            value = jnp.asarray(arrays[name] if layer is None else arrays[name][layer], dtype=kept)
-            if self.kernels.weight_bits and kept == jnp.bfloat16 and name.startswith("layers.") and layer is None:
+        # Every array's declaration: the model's and its stacked LoRA arrays'. A tuple: an nnx module's static
+        # attributes are hashed with its graph.
+        declared = params.declare(cfg) | lora.declare(cfg, *lora.stacked_size(arrays))
+        self.declared = tuple(declared.values())
+
+        def param(info: params.ParamInfo, layer: int | None = None) -> nnx.Param:
+            kept = self.dtype if info.dtype is None else jnp.dtype(info.dtype)
+            value = jnp.asarray(arrays[info.name] if layer is None else arrays[info.name][layer], dtype=kept)
+            if self.kernels.weight_bits and kept == jnp.bfloat16 and info.stacked and layer is None:
                 value = jax.lax.bitcast_convert_type(value, jnp.uint16)  # viewed as bfloat16 again per slice
             return nnx.Param(value)
 
-        self.embed = param("embed")  # [V, D]
-        self.final_norm = param("final_norm")  # [D]
-        self.lm_head = param("lm_head") if "lm_head" in arrays else None  # [V, D], None when tied
-        self.score_head = param("score_head") if "score_head" in arrays else None  # [labels, D]
-        layer_names = sorted(n for n in arrays if n.startswith("layers."))
+        self.embed = param(declared["embed"])  # [V, D]
+        self.final_norm = param(declared["final_norm"])  # [D]
+        self.lm_head = param(declared["lm_head"]) if "lm_head" in declared else None  # [V, D], None when tied
+        self.score_head = param(declared["score_head"]) if "score_head" in declared else None  # [labels, D]
+        stacked = sorted((info for info in declared.values() if info.stacked), key=lambda info: info.name)
         if self.kernels.unroll:
             # Each layer's weights are parameters of their own: an unrolled loop over stacked weights copied each
             # layer's out of the stack on every call (XLA:CPU, bfloat16 through float32 and back: 0.8 ms a layer on
             # the embedded model, more than its matmuls for one item; Intel Xeon, 2026-11-26).
-            self.layers = nnx.List([nnx.Dict({n.removeprefix("layers."): param(n, i) for n in layer_names})
+            self.layers = nnx.List([nnx.Dict({info.name.removeprefix("layers."): param(info, i) for info in stacked})
                                     for i in range(cfg.num_layers)])
         else:
-            self.layers = nnx.Dict({n.removeprefix("layers."): param(n) for n in layer_names})  # each [Layers, ...]
+            self.layers = nnx.Dict({info.name.removeprefix("layers."): param(info) for info in stacked})  # [L, ...]
         # RoPE: inverse frequencies [R/2], or [max_length, R/2] by length where served lengths change them.
         length = max_length or cfg.max_position_embeddings
         table, self.rope_scaling = cfg.rope.frequency_table(length)
@@ -108,10 +107,11 @@ class Transformer(nnx.Module):
         self.rope_length_limit = rope_length_limit(cfg, length)
         # LoRA adapters (runtime.model.lora): which adapter (1..S) each column of the stacked updates belongs to;
         # None without adapters (every program's `adapters` argument is then ignored).
-        columns = arrays.get("lora_columns")
-        self.lora_columns = None if columns is None else nnx.Variable(jnp.asarray(columns, jnp.int32))
+        adapted = "lora_columns" in declared
+        self.lora_columns = nnx.Variable(jnp.asarray(arrays["lora_columns"], declared["lora_columns"].dtype)) \
+            if adapted else None
         # and each slot's classification head [S, labels, D] (float32, as the model's own head; zeros: none)
-        self.lora_heads = None if columns is None else nnx.Param(jnp.asarray(arrays["lora_heads"], F32))
+        self.lora_heads = param(declared["lora_heads"]) if adapted else None
 
     def _layer_data(self) -> dict[str, jax.Array]:
         """What differs between layers besides weights, as arrays the scan reads with each layer: the attention

@@ -1,4 +1,5 @@
-"""Weights: Hugging Face tensor names -> this runtime's stacked layout, one shape check per tensor.
+"""Weights: Hugging Face tensor names -> this runtime's stacked layout, one shape check per tensor, both from the
+parameters' declarations (runtime.model.params).
 
 Unknown, missing or duplicate tensors fail loudly; nothing is guessed.
 """
@@ -6,10 +7,11 @@ Unknown, missing or duplicate tensors fail loudly; nothing is guessed.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
 import numpy as np
 from safetensors import safe_open
@@ -17,6 +19,7 @@ from safetensors import safe_open
 from runtime.model.config import ModelConfig, ModelConfigError
 from runtime.model.errors import WeightsError  # raised here and by runtime.model.gguf; imported from here
 from runtime.model.gguf import GGUF_WEIGHTS, read_gguf_weights
+from runtime.model.params import declare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,102 +35,30 @@ class Target:
 
 # Tensors that checkpoints may carry but the model derives itself.
 IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
-LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-
-
-def _norm_names(cfg: ModelConfig) -> dict[str, str]:
-    """Hugging Face layer-norm names -> this runtime's: what `post_attention_layernorm` is depends on the family
-    (Llama: the norm before the MLP; Gemma 2/3 and OLMo 2: the norm of the attention output)."""
-    if cfg.pre_norms and not cfg.post_norms:
-        return {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}
-    names = {"post_attention_layernorm": "attn_post_norm", "post_feedforward_layernorm": "mlp_post_norm"}
-    if cfg.pre_norms:
-        names |= {"input_layernorm": "attn_norm", "pre_feedforward_layernorm": "mlp_norm"}
-    return names
-
-
-class _Layer(NamedTuple):
-    name: str
-    hf_shape: tuple[int, ...]
-    transpose: bool
-    split: tuple[tuple[str, int], ...] = ()
-    expert: int | None = None
-
-
-def _layer_tensors(cfg: ModelConfig) -> dict[str, _Layer]:
-    """Per-layer suffix -> where that tensor of each layer goes."""
-    D, F, E = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    q_out, kv_out = cfg.num_heads * E, cfg.num_kv_heads * E
-    per_layer = {f"{hf}.weight": _Layer(name, (D,), False) for hf, name in _norm_names(cfg).items()}
-    if cfg.family == "phi3":  # fused projections, split at load into the names every other family uses
-        per_layer["self_attn.qkv_proj.weight"] = _Layer("wq", (q_out + 2 * kv_out, D), True,
-                                                        (("wq", q_out), ("wk", kv_out), ("wv", kv_out)))
-        per_layer["mlp.gate_up_proj.weight"] = _Layer("w_gate", (2 * F, D), True, (("w_gate", F), ("w_up", F)))
-    else:
-        per_layer |= {"self_attn.q_proj.weight": _Layer("wq", (q_out, D), True),
-                      "self_attn.k_proj.weight": _Layer("wk", (kv_out, D), True),
-                      "self_attn.v_proj.weight": _Layer("wv", (kv_out, D), True)}
-        if not cfg.num_experts:
-            per_layer |= {"mlp.gate_proj.weight": _Layer("w_gate", (F, D), True),
-                          "mlp.up_proj.weight": _Layer("w_up", (F, D), True)}
-    per_layer["self_attn.o_proj.weight"] = _Layer("wo", (D, q_out), True)
-    if cfg.num_experts:
-        X, Fm = cfg.num_experts, cfg.moe_intermediate_size
-        per_layer["mlp.gate.weight"] = _Layer("router", (X, D), True)
-        for e in range(X):
-            per_layer |= {f"mlp.experts.{e}.gate_proj.weight": _Layer("experts_gate", (Fm, D), True, (), e),
-                          f"mlp.experts.{e}.up_proj.weight": _Layer("experts_up", (Fm, D), True, (), e),
-                          f"mlp.experts.{e}.down_proj.weight": _Layer("experts_down", (D, Fm), True, (), e)}
-    else:
-        per_layer["mlp.down_proj.weight"] = _Layer("w_down", (D, F), True)
-    if cfg.qkv_bias:
-        per_layer |= {"self_attn.q_proj.bias": _Layer("bq", (q_out,), False),
-                      "self_attn.k_proj.bias": _Layer("bk", (kv_out,), False),
-                      "self_attn.v_proj.bias": _Layer("bv", (kv_out,), False)}
-    if cfg.o_bias:
-        per_layer["self_attn.o_proj.bias"] = _Layer("bo", (D,), False)
-    if cfg.mlp_bias:
-        per_layer |= {"mlp.gate_proj.bias": _Layer("b_gate", (F,), False),
-                      "mlp.up_proj.bias": _Layer("b_up", (F,), False),
-                      "mlp.down_proj.bias": _Layer("b_down", (D,), False)}
-    if cfg.qk_norm:
-        q_size, kv_size = (E, E) if cfg.qk_norm == "head" else (q_out, kv_out)
-        per_layer |= {"self_attn.q_norm.weight": _Layer("q_norm", (q_size,), False),
-                      "self_attn.k_norm.weight": _Layer("k_norm", (kv_size,), False)}
-    return per_layer
 
 
 def weight_map(cfg: ModelConfig) -> dict[str, Target]:
-    """Every tensor the checkpoint must contain, by Hugging Face name."""
-    D = cfg.hidden_size
-    targets = {
-        "model.embed_tokens.weight": Target("embed", None, (cfg.vocab_size, D), False),
-        "model.norm.weight": Target("final_norm", None, (D,), False, offset=cfg.norm_offset),
-    }
-    if cfg.task == "sequence_classification":
-        targets["score.weight"] = Target("score_head", None, (cfg.num_labels, D), False)
-    elif not cfg.tie_word_embeddings:
-        targets["lm_head.weight"] = Target("lm_head", None, (cfg.vocab_size, D), False)
-    for i in range(cfg.num_layers):
-        for suffix, t in _layer_tensors(cfg).items():
-            offset = cfg.norm_offset if t.name.endswith("norm") else 0.0
-            targets[f"model.layers.{i}.{suffix}"] = Target(f"layers.{t.name}", i, t.hf_shape, t.transpose, t.expert,
-                                                           offset, tuple((f"layers.{n}", r) for n, r in t.split))
+    """Every tensor the checkpoint must contain, by Hugging Face name: each parameter's slices (runtime.model.params:
+    a layer's, an expert's), the parts of a fused tensor gathered under its name."""
+    targets: dict[str, Target] = {}
+    for info in declare(cfg).values():
+        source = info.checkpoint
+        lead = info.slice_axes
+        shape = info.shape[lead:]
+        hf_shape = tuple(reversed(shape)) if source.transpose else shape
+        layers = range(cfg.num_layers) if lead else (None,)
+        experts = range(cfg.num_experts) if lead == 2 else (None,)
+        for layer, expert in itertools.product(layers, experts):
+            tensor = source.tensor.format(layer=layer, expert=expert)
+            fused = targets.get(tensor)
+            if fused is None:
+                targets[tensor] = Target(info.name, layer, hf_shape, source.transpose, expert, source.offset)
+                continue
+            # a part of a fused tensor after the first: its rows follow theirs
+            parts = fused.split or ((fused.name, fused.hf_shape[0]),)
+            targets[tensor] = dataclasses.replace(fused, hf_shape=(fused.hf_shape[0] + hf_shape[0], *hf_shape[1:]),
+                                                  split=(*parts, (info.name, hf_shape[0])))
     return targets
-
-
-def array_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every array's shape in the model's layout, from the config alone (compiling needs no weights): fused
-    tensors as their parts, experts stacked after layers."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    for target in weight_map(cfg).values():
-        out, *rest = target.hf_shape
-        for name, rows in target.split or ((target.name, out),):
-            shape = tuple(reversed((rows, *rest))) if target.transpose else (rows, *rest)
-            lead = () if target.layer is None else (cfg.num_layers,) if target.expert is None else \
-                (cfg.num_layers, cfg.num_experts)
-            shapes[name] = (*lead, *shape)
-    return shapes
 
 
 def _is_expected_extra(name: str, cfg: ModelConfig) -> bool:

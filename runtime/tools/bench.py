@@ -250,7 +250,7 @@ def run_lora(settings, loaded, scorer, vocab: int, smoke: bool, quick: bool) -> 
     adapters, rank, requests = (2, 4, 2) if smoke else LORA_SIZE
     items = 16 if smoke else W1_SIZES[-1]
     cfg = loaded.cfg
-    shapes = lora.projection_shapes({name: a.shape for name, a in loaded.arrays.items()})
+    shapes = lora.projection_shapes(cfg)
     adapted, _ = compose(settings.replace(max_loras=adapters, max_lora_rank=rank), cfg, loaded.arrays, lazy=True,
                          quiet=True, adapters=random_adapters(shapes, cfg.num_layers, adapters, rank))
     sequences, labels = w1_request(vocab, items)

@@ -106,7 +106,7 @@ def run(spec: dict) -> dict:
     import numpy as np
 
     from runtime.model.config import load_config
-    from runtime.model.weights import array_shapes
+    from runtime.model.params import array_shapes
     from runtime.assembly.compose import compose
     from runtime.assembly.targets import parse_target
     from runtime.settings import load_settings

@@ -18,7 +18,8 @@ from runtime.model.transformer import Transformer
 from runtime.assembly.platform import fit_to_matmuls, resolve
 from runtime.requests.scorer import Scorer
 from runtime.settings import load_settings
-from runtime.model.weights import array_shapes, load_arrays
+from runtime.model.params import array_shapes
+from runtime.model.weights import load_arrays
 from tests.conftest import CACHE_DIR
 
 BITCLASSES = CACHE_DIR / "bitclasses.json"  # as a start records them (runtime.assembly.compose)

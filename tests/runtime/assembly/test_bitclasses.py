@@ -12,7 +12,7 @@ import pytest
 
 from runtime.model import invariant
 from runtime.model.config import config_from_hf
-from runtime.model.weights import array_shapes
+from runtime.model.params import array_shapes
 from runtime.assembly import bitclasses
 from runtime.assembly import platform as platforms
 from runtime.settings import load_settings

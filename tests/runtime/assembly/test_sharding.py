@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from runtime.model import params
 from runtime.model.config import load_config
 from runtime.assembly.sharding import (MeshError, build_mesh_layout, check_batches, param_spec, parse_mesh,
                                        sharded_parts)
@@ -193,30 +194,43 @@ def test_one_device_is_not_sharded(smollm):
     assert build_mesh_layout("1x1", smollm, small_plan(batches=(1, 8)), devices=["d0", "d1"]) is None
 
 
+def _declared(*cfgs) -> dict[str, params.ParamInfo]:
+    """The parameters any of these configs declares (runtime.model.params), by name."""
+    return {name: info for cfg in cfgs for name, info in params.declare(cfg).items()}
+
+
 def test_parameter_specs(smollm, caplog):
     with caplog.at_level(logging.WARNING, "scorefn.runtime"):
         parts = sharded_parts(smollm, 4)
     assert parts == {"attention": False, "kv": False, "mlp": True, "vocab": True}
     assert "9 query heads do not divide by 4" in caplog.text
-    assert param_spec("layers.wq", parts) == param_spec("layers.wk", parts) == param_spec("layers.wo", parts) == P()
-    assert param_spec("layers.w_up", parts) == P(None, None, "model")
-    assert param_spec("layers.w_down", parts) == P(None, "model", None)
-    assert param_spec("layers.7.w_down", parts) == P("model", None)  # an unrolled model's layer 7: no layer axis
-    assert param_spec("layers.7.wq", parts) == P()
-    assert param_spec("embed", parts) == P("model", None)
+    declared = _declared(smollm)  # rebound below: `spec` reads the current one
+    spec = lambda name, parts, one_layer=False: param_spec(declared.get(name), parts, one_layer)
+    assert spec("layers.wq", parts) == spec("layers.wk", parts) == spec("layers.wo", parts) == P()
+    assert spec("layers.w_up", parts) == P(None, None, "model")
+    assert spec("layers.w_down", parts) == P(None, "model", None)
+    assert spec("layers.w_down", parts, one_layer=True) == P("model", None)  # an unrolled model's layer: no layer axis
+    assert spec("layers.wq", parts, one_layer=True) == P()
+    assert spec("embed", parts) == P("model", None)
 
     gqa = dataclasses.replace(smollm, num_heads=8, num_kv_heads=2)
+    # every kind of parameter: biases, q/k and output norms, experts, a classification head
+    declared = _declared(dataclasses.replace(gqa, qkv_bias=True, o_bias=True, mlp_bias=True, qk_norm="head",
+                                             post_norms=True),
+                         dataclasses.replace(gqa, num_experts=4, moe_intermediate_size=32, experts_per_token=2),
+                         dataclasses.replace(gqa, task="sequence_classification", num_labels=2))
     parts = sharded_parts(gqa, 4)  # query heads split, the 2 KV heads replicated
-    assert param_spec("layers.wq", parts) == P(None, None, "model")
-    assert param_spec("layers.bq", parts) == P(None, "model")
-    assert param_spec("layers.wk", parts) == param_spec("layers.bv", parts) == P()
-    assert param_spec("layers.wk", sharded_parts(gqa, 2)) == P(None, None, "model")
-    assert param_spec("layers.experts_up", parts) == P(None, None, None, "model")
-    assert param_spec("layers.experts_down", parts) == P(None, None, "model", None)
+    assert spec("layers.wq", parts) == P(None, None, "model")
+    assert spec("layers.bq", parts) == P(None, "model")
+    assert spec("layers.wk", parts) == spec("layers.bv", parts) == P()
+    assert spec("layers.wk", sharded_parts(gqa, 2)) == P(None, None, "model")
+    assert spec("layers.experts_up", parts) == P(None, None, None, "model")
+    assert spec("layers.experts_down", parts) == P(None, None, "model", None)
     for always_replicated in ("layers.attn_norm", "layers.k_norm", "layers.bo", "layers.b_down", "final_norm",
                               "score_head", "inv_freq", "layers.attn_post_norm", "layers.mlp_post_norm",
                               "layers.router", "local_inv_freq", "something_new"):
-        assert param_spec(always_replicated, sharded_parts(gqa, 2)) == P()
+        assert spec(always_replicated, sharded_parts(gqa, 2)) == P()
+    assert {"layers.k_norm", "layers.bo", "layers.router", "score_head"} <= declared.keys()
 
 
 def test_a_model_axis_that_splits_nothing_is_a_start_up_error(smollm):

@@ -42,8 +42,7 @@ def adapted_scorer(model_dir, adapters, plan=PLAN, slots: int | None = None, ran
     """A float32 scorer of the model in model_dir with these adapters (lora.Adapter) in slots 1..n."""
     cfg = load_config(model_dir)
     arrays = load_arrays(model_dir, cfg)
-    shapes = lora.projection_shapes({name: a.shape for name, a in arrays.items()})
-    arrays |= lora.stacked(adapters, shapes, cfg.num_layers, slots or len(adapters), rank)
+    arrays |= lora.stacked(adapters, cfg, slots or len(adapters), rank)
     kernels = kernels or Kernels(batch_invariant=plan.layout.name == "grid")
     return Scorer(plan, Executables(Transformer(cfg, arrays, "float32", kernels, plan.max_length, plan.label_tokens), lazy=True))
 
@@ -59,8 +58,7 @@ def adapted(request, tmp_path_factory):
     targets = ATTENTION if cfg.num_experts else names
     references = [base, peft_adapter(base, root / "a", 1, 8, targets),
                   peft_adapter(base, root / "b", 2, 4, targets[1::2], rslora=True)]
-    arrays = load_arrays(root / "base", cfg)
-    shapes = lora.projection_shapes({name: a.shape for name, a in arrays.items()})
+    shapes = lora.projection_shapes(cfg)
     adapters = [lora.load_adapter(name, root / name, shapes, cfg.num_layers, "base", 8) for name in ("a", "b")]
     return [FreshRope(model) for model in references], root / "base", adapters
 
@@ -122,7 +120,7 @@ def test_a_classification_adapter_scores_with_its_own_head_beside_a_causal_one(c
     classifier = peft_classifier(tmp_path / "base", tmp_path / "judge", 3, 3, 8, ["q_proj", "v_proj", "up_proj"])
     causal = peft_adapter(base, tmp_path / "a", 1, 4, ALL)
     cfg = load_config(tmp_path / "base")
-    shapes = lora.projection_shapes({n: a.shape for n, a in load_arrays(tmp_path / "base", cfg).items()})
+    shapes = lora.projection_shapes(cfg)
     adapters = [lora.load_adapter(n, tmp_path / n, shapes, cfg.num_layers, "base", 8) for n in ("judge", "a")]
     assert adapters[0].labels == ("LABEL_0", "LABEL_1", "LABEL_2") and adapters[1].head is None
     scorer = adapted_scorer(tmp_path / "base", adapters)
@@ -147,7 +145,7 @@ def test_an_item_has_the_same_bits_alone_and_among_other_adapters(case, tmp_path
     peft_adapter(base, tmp_path / "a", 1, 8, ALL)
     peft_adapter(base, tmp_path / "b", 2, 4, ATTENTION)
     cfg = load_config(tmp_path / "base")
-    shapes = lora.projection_shapes({n: a.shape for n, a in load_arrays(tmp_path / "base", cfg).items()})
+    shapes = lora.projection_shapes(cfg)
     adapters = [lora.load_adapter(n, tmp_path / n, shapes, cfg.num_layers, "base", 8) for n in ("a", "b")]
     scorer = adapted_scorer(tmp_path / "base", adapters, slots=4, kernels=Kernels(batch_invariant=True))
     sequences = random_sequences(np.random.default_rng(3), 8, 3, 30, 128)
@@ -167,7 +165,7 @@ def llama(tmp_path_factory):
     base = tiny_checkpoint("llama", root / "base")
     peft_adapter(base, root / "good", 1, 8, ALL)
     cfg = load_config(root / "base")
-    return root, lora.projection_shapes({n: a.shape for n, a in load_arrays(root / "base", cfg).items()})
+    return root, lora.projection_shapes(cfg)
 
 
 def edited_copy(root, name: str, **config_changes):
@@ -220,4 +218,4 @@ def test_the_adapters_setting_is_parsed_and_bounded(llama):
         with pytest.raises(lora.AdapterError, match=message):
             lora.parse_adapters(spec)
     with pytest.raises(lora.AdapterError, match="names 2 adapters, more than SCOREFN_MAX_LORAS=1"):
-        lora.load_adapters("a=/x,b=/y", 1, 16, {}, 2, "base")
+        lora.load_adapters("a=/x,b=/y", 1, 16, load_config(root / "base"), "base")

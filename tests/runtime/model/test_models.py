@@ -12,7 +12,8 @@ from safetensors.numpy import load_file, save_file
 from runtime.shapes.buckets import SequenceTooLong
 from runtime.model.config import ModelConfigError, config_from_hf, load_config
 from runtime.model.loader import load_model
-from runtime.model.weights import WeightsError, array_shapes, load_arrays
+from runtime.model.params import array_shapes
+from runtime.model.weights import WeightsError, load_arrays
 from tests.runtime.conftest import CASES, scorer_for, small_plan, tiny_checkpoint
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from runtime.model.config import load_config
-from runtime.model.weights import array_shapes
+from runtime.model.params import array_shapes
 from runtime.assembly.platform import CPU_CLASS_NAMES, cpu_format, fit_to_matmuls, resolve
 from runtime.settings import load_settings
 from tests.conftest import assert_bfloat16_within_baseline, torch_label_logprobs
