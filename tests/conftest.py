@@ -39,7 +39,7 @@ TEST_COMPILE_CACHE = REPO / ".cache" / "test-xla"
 # the end. Only the order depends on this list: a stale one costs minutes, never a result.
 LONGEST_FIRST = (
     "tests/runtime/model/test_parity_embedded.py", "tests/runtime/model/test_invariance.py",
-    "tests/runtime/assembly/test_sharding.py", "tests/e2e/test_overload.py", "tests/runtime/model/test_token_logprobs.py",
+    "tests/runtime/assembly/test_sharding.py", "tests/runtime/model/test_token_logprobs.py",
     "tests/runtime/assembly/test_warmup.py", "tests/e2e/test_schema_fuzz.py", "tests/aot/test_deviceless.py",
     "tests/runtime/tasks/test_rerank_models.py", "tests/runtime/model/test_label_tokens.py",
     "tests/runtime/tasks/test_classify_models.py", "tests/e2e/test_batch.py", "tests/runtime/model/test_parity_tiny.py",

@@ -15,7 +15,7 @@ from runtime.assembly.platform import current_backend, resolve
 from runtime.tools.serverproc import SMALL_BUCKETS, ServerProcess
 from runtime.settings import load_settings
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 POLL_S = 0.02  # interval between two looks at the server's queue
 WAIT_S = 60.0
 ROUNDS_IN_FLIGHT = resolve(load_settings(environ=SMALL_BUCKETS), current_backend()).rounds_in_flight
