@@ -18,7 +18,7 @@ from tests.conftest import top_level_imports
 REPO = Path(__file__).resolve().parent.parent
 SERVED = ("handler", "runtime")
 # `scorefn bench` is a development tool: PyTorch (the test extra) for its baselines.
-DEV_ONLY = {"runtime/tools/bench.py": {"torch"}, "runtime/tools/baselines.py": {"torch"}}
+DEV_ONLY = {"runtime/tools/baselines.py": {"torch"}}
 
 
 def _normalized(name: str) -> str:

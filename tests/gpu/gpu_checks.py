@@ -145,7 +145,7 @@ def exactness(named: dict, model_dir: Path, vocab: int) -> dict:
 def speed(named: dict, vocab: int, repeats: int = 5) -> dict:
     """items/s of W1 (1, 32 and 256 items) and W2 at the peers' shape (2000-token query, 500 items of 20), each
     scorer, the median of `repeats` after one run that compiles; and the invariant over the default."""
-    from runtime.tools.bench import timed_runs
+    from runtime.tools.bench.measure import timed_runs
     from runtime.tools.workloads import FIRST_ID, w1_request, w2_request
 
     workloads = {f"w1_{n}": w1_request(vocab, n) for n in (1, 32, 256)}
@@ -166,7 +166,7 @@ def w4_speed(named: dict, model_dir: Path, vocab: int, repeats: int = 3) -> dict
     """W4 (64 prompts of 256 tokens, every position's log-probability and top 5): prompts/s of each scorer and of
     the transformers script (bfloat16, batches of 64), medians after one warm run."""
     from runtime.tools.baselines import TorchScorer
-    from runtime.tools.bench import timed_runs
+    from runtime.tools.bench.measure import timed_runs
     from runtime.tools.workloads import W4_SIZE, w4_prompts
 
     prompts, tokens, top_k = W4_SIZE

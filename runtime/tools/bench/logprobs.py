@@ -1,0 +1,32 @@
+"""W4, the benchmark's per-position log-probabilities: 64 prompts of 256 tokens, every position's log-probability
+and top 5 (as /v1/completions echoes them), against transformers computing the same."""
+
+from __future__ import annotations
+
+from runtime.tools.bench.measure import invariance_cost, summarize, timed_runs
+from runtime.tools.workloads import W4_SIZE, w4_prompts
+
+
+def run_w4(scorer, baselines: dict, vocab: int, smoke: bool, quick: bool, invariant_and_not) -> dict:
+    """Per-token log-probabilities with the top alternatives of every position (an evaluation harness's load).
+    Prints its line."""
+    prompts, tokens, top_k = (4, 32, W4_SIZE[2]) if smoke else W4_SIZE
+    sequences = w4_prompts(vocab, prompts, tokens)
+    runs = 2 if quick else 5
+    entry = {"prompts": prompts, "tokens": tokens,
+             "scorefn": summarize(timed_runs(lambda: scorer.token_logprobs(sequences), runs), prompts)}
+    entry["scorefn"]["invariance_cost"] = invariance_cost(invariant_and_not, lambda s: s.token_logprobs(sequences),
+                                                          runs)
+    for dt, torch_scorer in baselines.items():
+        entry[f"torch_{dt}"] = summarize(timed_runs(lambda: torch_scorer.token_logprobs(sequences, top_k),
+                                                    max(1, runs // 2)), prompts)
+    for row in entry.values():
+        if isinstance(row, dict):
+            row["tokens_per_s"] = row["items_per_s"] * tokens
+    line = f"W4 {entry['prompts']}x{entry['tokens']} echo+logprobs {W4_SIZE[2]}: scorefn " \
+           f"{entry['scorefn']['items_per_s']:.1f} prompts/s ({entry['scorefn']['tokens_per_s']:.0f} tokens/s, " \
+           f"invariance {entry['scorefn']['invariance_cost']:.2f}x)"
+    for dt in baselines:
+        line += f" | torch {dt} {entry[f'torch_{dt}']['items_per_s']:.2f} prompts/s"
+    print(line, flush=True)
+    return entry

@@ -1,0 +1,70 @@
+"""What every workload of the benchmark measures with: timed runs, the batch-invariant kernels' cost, latency
+summaries, the device's matmul peak (MFU's denominator) and the FLOPs a request's math needs (its numerator)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from runtime.assembly import platform as platforms
+from runtime.requests.jobs import Job, shareable_prefix
+
+
+def timed_runs(fn, repeats: int, warmup: int = 1) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - started)
+    return out
+
+
+def invariance_cost(scorers, run, runs: int) -> float:
+    """Median time of `run(scorer)` with the batch-invariant kernels over without (scorers: (invariant, not)),
+    alternating runs in this process so that both see the same machine."""
+    times: list[list[float]] = [[], []]
+    for scorer in scorers:
+        run(scorer)  # compiles its buckets
+    for _ in range(runs):
+        for kind, scorer in enumerate(scorers):
+            started = time.perf_counter()
+            run(scorer)
+            times[kind].append(time.perf_counter() - started)
+    return round(float(np.median(times[0]) / np.median(times[1])), 3)
+
+
+def summarize(latencies: list[float], items: int) -> dict:
+    lat = np.asarray(latencies)
+    return {"items_per_s": items * len(lat) / lat.sum(), "p50_ms": float(np.percentile(lat, 50) * 1e3),
+            "p99_ms": float(np.percentile(lat, 99) * 1e3)}
+
+
+def matmul_peak(accelerator: bool) -> tuple[float, str, dict[str, float]]:
+    """(GFLOP/s, dtype, GFLOP/s by dtype) of the fastest matmul with float32 accumulation: bfloat16 8192^3 on an
+    accelerator; on a CPU the platform's model-shaped probe (2048x576 @ 576x1536), bfloat16 and float32."""
+    if not accelerator:
+        figures = platforms.matmul_probe(rows=2048, repeats=15)
+        return max((rate, dtype) for dtype, rate in figures.items()) + (figures,)
+    m = k = n = 8192
+    f = jax.jit(lambda x, w: jnp.einsum("mi,io->mo", x, w, preferred_element_type=jnp.float32))
+    x, w = jnp.ones((m, k), jnp.bfloat16), jnp.ones((k, n), jnp.bfloat16)
+    rate = 2 * m * k * n / np.median(timed_runs(lambda: f(x, w).block_until_ready(), 20, warmup=3)) / 1e9
+    return rate, "bfloat16", {"bfloat16": rate}
+
+
+def sequence_flops(cfg, tokens: int, start: int = 0) -> float:
+    """Forward FLOPs of `tokens` tokens at positions start.. (causal attention), plus one vocabulary row."""
+    attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * (tokens * start + tokens * (tokens + 1) / 2)
+    return tokens * 2.0 * cfg.non_embedding_params() + attention + 2.0 * cfg.hidden_size * cfg.vocab_size
+
+
+def request_flops(cfg, sequences: list[list[int]]) -> float:
+    """FLOPs the math needs: a shared prefix counts once (as scorefn computes it), so MFU is not flattered."""
+    shared = shareable_prefix(Job(sequences, ()))
+    return sequence_flops(cfg, shared) + sum(sequence_flops(cfg, len(s) - shared, shared) for s in sequences)
