@@ -20,6 +20,8 @@ from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from handler.core import ENDPOINTS
+from runtime.tools.serverproc import ServerProcess
+from tests.e2e.conftest import FUNCTIONAL
 
 pytestmark = pytest.mark.slow
 EXAMPLES = 100  # per operation and generation mode
@@ -38,6 +40,15 @@ CASES = [(method, path, mode) for method, path in OPERATIONS
 # whitespace only is empty, pairs within the longest bucket; /v1/completions: prompt IDs below the vocabulary,
 # prompts within the longest bucket, no integral floats (max_tokens 1.0: JSON Schema's "integer" admits it).
 MAY_REFUSE_VALID = {"/v1/score", "/v1/classify", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/completions"}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir):
+    """What is fuzzed is the HTTP contract (schemas, statuses, envelopes), not the model's numbers: a tiny Llama with
+    SmolLM2's vocabulary and tokenizer answers every endpoint as the embedded model does (the built-in classifier
+    and reranker included), each scored request in milliseconds rather than the 30 layers' ~0.3 s."""
+    with ServerProcess(env={**FUNCTIONAL, "SCOREFN_MODEL": str(tiny_llama_dir)}) as process:
+        yield process
 
 
 @pytest.fixture(scope="module")

@@ -114,9 +114,10 @@ def tiny_checkpoint(family: str, out_dir: Path, **overrides):
 
 def tiny_served(family: str, out_dir: Path, embedded_dir: Path, **overrides):
     """tiny_checkpoint with SmolLM2's vocabulary and tokenizer files: the engine starts on it as on the embedded model
-    (the built-in classifier and reranker find their one-token words), at a fraction of the cost to load and run."""
+    (the built-in classifier and reranker find their one-token words and the chat template they prompt with), at a
+    fraction of the cost to load and run."""
     model = tiny_checkpoint(family, out_dir, **{"vocab_size": 49152, **overrides})
-    for name in ("tokenizer.json", "tokenizer_config.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(embedded_dir / name, out_dir / name)
     return model
 
