@@ -34,17 +34,18 @@ if SERVE_ONLY.is_file():
 TEST_COMPILE_CACHE = REPO / ".cache" / "test-xla"
 
 
-# The longest modules (the seconds by module tests/compile_report.py prints, on a 2-core host), first: `make test`
-# hands whole modules to its workers (pytest-xdist, --dist loadfile) in collection order, and a long module taken
-# last leaves the other worker idle at the end. Only the order depends on this list: a stale one costs minutes, never a result.
+# The longest modules (the seconds by module tests/compile_report.py prints, a fresh clone on 2 cores), first:
+# `make test` hands whole modules to its workers (pytest-xdist, --dist loadfile) in collection order, and a long
+# module taken last leaves the other worker idle at the end. Only the order depends on this list: a stale one costs
+# minutes, never a result.
 LONGEST_FIRST = (
-    "tests/runtime/model/test_invariance.py", "tests/runtime/assembly/test_sharding.py",
-    "tests/e2e/test_batch_invariance.py", "tests/e2e/test_batch.py", "tests/runtime/assembly/test_warmup.py",
-    "tests/runtime/model/test_parity_embedded.py", "tests/aot/test_deviceless.py", "tests/runtime/model/test_lora.py",
-    "tests/runtime/model/test_token_logprobs.py", "tests/runtime/tasks/test_rerank_models.py",
-    "tests/e2e/test_failed_start.py", "tests/runtime/model/test_label_tokens.py",
-    "tests/runtime/tasks/test_classify_models.py", "tests/e2e/test_lm_eval.py", "tests/runtime/tools/test_bench.py",
-    "tests/e2e/test_lora_http.py", "tests/e2e/test_schema_fuzz.py", "tests/runtime/model/test_parity_tiny.py",
+    "tests/runtime/model/test_invariance.py", "tests/runtime/model/test_lora.py",
+    "tests/runtime/assembly/test_sharding.py", "tests/runtime/assembly/test_warmup.py",
+    "tests/e2e/test_batch_invariance.py", "tests/runtime/model/test_parity_tiny.py", "tests/e2e/test_batch.py",
+    "tests/runtime/model/test_parity_embedded.py", "tests/runtime/tasks/test_classify_models.py",
+    "tests/runtime/model/test_token_logprobs.py", "tests/aot/test_deviceless.py",
+    "tests/runtime/tasks/test_rerank_models.py", "tests/runtime/tools/test_bench.py", "tests/e2e/test_schema_fuzz.py",
+    "tests/e2e/test_failed_start.py", "tests/e2e/test_lm_eval.py", "tests/e2e/test_lora_http.py",
 )
 
 
