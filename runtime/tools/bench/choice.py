@@ -5,7 +5,7 @@ labels."""
 from __future__ import annotations
 
 from runtime.requests.jobs import label_rows, label_scores
-from runtime.tools.bench.measure import invariance_cost, summarize, timed_runs
+from runtime.tools.bench.measure import invariance_cost, summarize, timed_runs, torch_pairs
 from runtime.tools.workloads import W6_SIZE, w6_request
 
 
@@ -31,8 +31,5 @@ def run_w6(scorer, baselines: dict, vocab: int, smoke: bool, quick: bool, invari
             lambda: torch_scorer.score_labels_prompt_cached(prompts, labels), max(1, runs // 2)), n_items)
     line = f"W6 multiple choice {entry['items']} items x {entry['labels']} labels: scorefn " \
            f"{entry['scorefn']['items_per_s']:.1f} items/s (invariance {entry['scorefn']['invariance_cost']:.2f}x)"
-    for dt in baselines:
-        line += f" | torch {dt} {entry[f'torch_{dt}']['items_per_s']:.2f}, prompt cache " \
-                f"{entry[f'torch_{dt}_prompt_cache']['items_per_s']:.1f} items/s"
-    print(line, flush=True)
+    print(line + torch_pairs(entry, baselines, "prompt_cache", "prompt cache", "items/s"), flush=True)
     return entry

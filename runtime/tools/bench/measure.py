@@ -45,6 +45,13 @@ def summarize(latencies: list[float], items: int) -> dict:
             "p99_ms": float(np.percentile(lat, 99) * 1e3)}
 
 
+def torch_pairs(entry: dict, baselines, cached: str, cached_name: str, unit: str) -> str:
+    """The summary line's tail for workloads timed against two transformers scripts per dtype, in full and with a
+    cache (`entry["torch_<dtype>"]` and `entry["torch_<dtype>_<cached>"]`): W5's prefix cache, W6's prompt cache."""
+    return "".join(f" | torch {dt} {entry[f'torch_{dt}']['items_per_s']:.2f}, {cached_name} "
+                   f"{entry[f'torch_{dt}_{cached}']['items_per_s']:.1f} {unit}" for dt in baselines)
+
+
 def matmul_peak(accelerator: bool) -> tuple[float, str, dict[str, float]]:
     """(GFLOP/s, dtype, GFLOP/s by dtype) of the fastest matmul with float32 accumulation: bfloat16 8192^3 on an
     accelerator; on a CPU the platform's model-shaped probe (2048x576 @ 576x1536), bfloat16 and float32."""

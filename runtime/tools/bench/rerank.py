@@ -5,7 +5,7 @@ shared prefix's KV cache reused."""
 from __future__ import annotations
 
 from runtime.assembly import startup
-from runtime.tools.bench.measure import invariance_cost, summarize, timed_runs
+from runtime.tools.bench.measure import invariance_cost, summarize, timed_runs, torch_pairs
 from runtime.tools.workloads import W5_SIZE, w5_request
 
 
@@ -30,8 +30,5 @@ def run_w5(scorer, settings, loaded, baselines: dict, vocab: int, smoke: bool, q
     line = f"W5 rerank {entry['documents']} documents: scorefn {entry['scorefn']['items_per_s']:.1f} documents/s, " \
            f"prefix sharing off {entry['scorefn_no_sharing']['items_per_s']:.1f}, invariance " \
            f"{entry['scorefn']['invariance_cost']:.2f}x"
-    for dt in baselines:
-        line += f" | torch {dt} {entry[f'torch_{dt}']['items_per_s']:.2f}, prefix cache " \
-                f"{entry[f'torch_{dt}_prefix_cache']['items_per_s']:.1f} documents/s"
-    print(line, flush=True)
+    print(line + torch_pairs(entry, baselines, "prefix_cache", "prefix cache", "documents/s"), flush=True)
     return entry
