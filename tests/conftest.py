@@ -86,6 +86,25 @@ def tiny_llama_dir(tmp_path_factory, embedded_dir):
 
 
 @pytest.fixture(scope="session")
+def embedded_shaped_dir(tmp_path_factory, embedded_dir):
+    """A random Llama of the embedded model's config, its widths, heads, vocabulary and tokenizer, but 2 layers of its
+    30: every layer runs one compiled body (the layers are scanned), so the matmuls, norms and attention of its shapes,
+    and their bits, are the embedded model's at a fifteenth of the compute. For tests of kernels and batching at the
+    real shapes; the real weights' numbers are judged against transformers (test_parity_embedded.py)."""
+    import json
+
+    from tests.runtime.conftest import tiny_served
+
+    config = json.loads((embedded_dir / "config.json").read_text())
+    shape = {key: config[key] for key in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                                          "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
+                                          "max_position_embeddings", "tie_word_embeddings")}
+    directory = tmp_path_factory.mktemp("embedded-shaped")
+    tiny_served("llama", directory, embedded_dir, **shape, num_hidden_layers=2, initializer_range=0.02)
+    return directory
+
+
+@pytest.fixture(scope="session")
 def torch_embedded():
     """transformers' PyTorch model loaded from the same GGUF file, float32 (the reference)."""
     torch = pytest.importorskip("torch")

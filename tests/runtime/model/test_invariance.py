@@ -1,6 +1,7 @@
 """Batch-invariant kernels (runtime.model.invariant), as the CPU platform runs them (tests.runtime.conftest.scorer_for:
 sized by this host's matmul bit classes): an item's scores are the same bits alone and in any batch, at any row, in any
-length bucket, for every supported architecture and RoPE type, and they match transformers as the default kernels do
+length bucket, for every supported architecture and RoPE type and at the embedded model's shapes (embedded_shaped_dir:
+its layers at 2 of 30, each the same scanned body), and they match transformers as the default kernels do
 (tests/runtime/model/test_parity_tiny.py)."""
 
 from __future__ import annotations
@@ -78,9 +79,10 @@ def test_invariant_scores_match_transformers(scorers):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_embedded_model_is_invariant(embedded_dir, dtype):
-    """The 30-layer model in both number formats: the default kernels differ by row and bucket, these do not."""
-    scorer = scorer_for(embedded_dir, dtype, PLAN)
+def test_the_embedded_models_shapes_are_invariant(embedded_shaped_dir, dtype):
+    """The embedded model's shapes in both number formats: the default kernels differ by row and bucket, these do
+    not."""
+    scorer = scorer_for(embedded_shaped_dir, dtype, PLAN)
     rng = np.random.default_rng(0)
     item = [504, 3575, 282, 4649, 314]
     labels = [7042, 4528, 11]
@@ -92,11 +94,11 @@ def test_the_embedded_model_is_invariant(embedded_dir, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_thousands_of_tokens_keep_the_bits(embedded_dir, dtype):
+def test_thousands_of_tokens_keep_the_bits(embedded_shaped_dir, dtype):
     """4,096 tokens in one device batch: over so many XLA:CPU reduced a row of the 576-wide RMSNorm in another order
     than over fewer (Intel Xeon, 2026-11-26); the norms run in fixed tiles of tokens."""
     plan = small_plan(lengths=(128,), batches=(1, 32), labels=(4,), max_tokens=4096)
-    scorer = scorer_for(embedded_dir, dtype, plan)
+    scorer = scorer_for(embedded_shaped_dir, dtype, plan)
     rng = np.random.default_rng(3)
     item, labels = rng.integers(0, 49152, 100).tolist(), [7042, 4528, 11]
     others = random_sequences(rng, 31, 120, 128, 49152)
@@ -132,9 +134,9 @@ def test_items_after_a_shared_prefix_score_the_bits_of_their_whole_sequence(casc
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_embedded_model_scores_the_same_bits_after_a_shared_prefix(embedded_dir, dtype):
-    full = scorer_for(embedded_dir, dtype, PLAN)
-    shared = scorer_for(embedded_dir, dtype, PREFIX_PLAN)
+def test_the_embedded_models_shapes_score_the_same_bits_after_a_shared_prefix(embedded_shaped_dir, dtype):
+    full = scorer_for(embedded_shaped_dir, dtype, PLAN)
+    shared = scorer_for(embedded_shaped_dir, dtype, PREFIX_PLAN)
     rng = np.random.default_rng(3)
     prefix = rng.integers(0, 49152, 37).tolist()
     sequences = [prefix + item for item in random_sequences(rng, 5, 1, 27, 49152)]
@@ -147,9 +149,9 @@ def assert_same_token_logprobs(ours, theirs, note=""):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_every_position_has_the_same_bits_in_any_batch(embedded_dir, dtype):
+def test_every_position_has_the_same_bits_in_any_batch(embedded_shaped_dir, dtype):
     """/v1/completions' per-position log-probabilities and top alternatives, greedy and drawn at a temperature."""
-    scorer = scorer_for(embedded_dir, dtype, dataclasses.replace(PLAN, completion_batches=(1, 4)))
+    scorer = scorer_for(embedded_shaped_dir, dtype, dataclasses.replace(PLAN, completion_batches=(1, 4)))
     rng = np.random.default_rng(5)
     prompt = rng.integers(0, 49152, 19).tolist()
     others = random_sequences(rng, 5, 1, 64, 49152)
@@ -162,13 +164,13 @@ def test_every_position_has_the_same_bits_in_any_batch(embedded_dir, dtype):
 
 
 @pytest.mark.parametrize("case", ["embedded-float32", "embedded-bfloat16", "qwen3_moe_linear_rope", "gemma2"])
-def test_kernels_sized_from_more_rows_than_the_floor_give_the_same_bits(case, embedded_dir, tmp_path):
+def test_kernels_sized_from_more_rows_than_the_floor_give_the_same_bits(case, embedded_shaped_dir, tmp_path):
     """What runtime.assembly.bitclasses measured: a matmul's rows keep their bits from the floor up (and the label
     head's within the span measured), so kernels sized by this host's measurements and the portable ones (MIN_ROWS
     and tiles of TILE: the sets compiled for another CPU class) give every item the same bits, alone, in batches and
     after a shared prefix."""
     if case.startswith("embedded"):
-        model_dir, dtype, vocab = embedded_dir, case.split("-")[1], 49152
+        model_dir, dtype, vocab = embedded_shaped_dir, case.split("-")[1], 49152
     else:
         family, overrides = CASES[case]
         tiny_checkpoint(family, tmp_path, **overrides)

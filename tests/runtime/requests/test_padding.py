@@ -12,8 +12,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def scorer(embedded_dir):
-    return scorer_for(embedded_dir, "float32", small_plan(lengths=(16, 64), batches=(1, 8)))
+def scorer(embedded_shaped_dir):
+    return scorer_for(embedded_shaped_dir, "float32", small_plan(lengths=(16, 64), batches=(1, 8)))
 
 
 def test_same_score_alone_in_any_row_and_any_bucket(scorer):

@@ -16,11 +16,11 @@ LABELS = [7042, 2731, 3524, 0, 49151]
 
 
 @pytest.fixture(scope="module")
-def scorers(embedded_dir):
+def scorers(embedded_shaped_dir):
     def plan(sharing):
         return small_plan(lengths=(64, 128), batches=(1, 8), prefix_sharing=sharing, suffix_lengths=(8, 32),
                           suffix_batches=(4, 8))
-    return scorer_for(embedded_dir, plan=plan(True)), scorer_for(embedded_dir, plan=plan(False))
+    return scorer_for(embedded_shaped_dir, plan=plan(True)), scorer_for(embedded_shaped_dir, plan=plan(False))
 
 
 def assert_shared_equals_full(scorers, sequences, expect_shared=True):

@@ -104,8 +104,8 @@ def test_packed_scores_match_transformers_in_full_and_after_a_shared_prefix(case
 
 
 @pytest.mark.slow
-def test_an_item_scores_the_same_alone_and_packed_with_others(embedded_dir):
-    scorer = scorer_for(embedded_dir, "float32", dataclasses.replace(PLAN, prefix_sharing=False))
+def test_an_item_scores_the_same_alone_and_packed_with_others(embedded_shaped_dir):
+    scorer = scorer_for(embedded_shaped_dir, "float32", dataclasses.replace(PLAN, prefix_sharing=False))
     rng = np.random.default_rng(0)
     target, labels = [504, 3575, 282, 4649, 314], [7042, 4528]
     alone = scorer.score([target], labels)[0]
