@@ -89,8 +89,8 @@ def tiny_llama_dir(tmp_path_factory, embedded_dir):
 @pytest.fixture(scope="session")
 def embedded_shaped_dir(tmp_path_factory, embedded_dir):
     """A random Llama of the embedded model's config, its widths, heads, vocabulary and tokenizer, but 2 layers of its
-    30: every layer runs one compiled body (the layers are scanned), so the matmuls, norms and attention of its shapes,
-    and their bits, are the embedded model's at a fifteenth of the compute. For tests of kernels and batching at the
+    30: every layer runs one compiled body (the layers are scanned), so its matmuls, norms and attention are the
+    embedded model's kernels, at a fifteenth of the compute. For tests of the kernels' bits and of batching at the
     real shapes; the real weights' numbers are judged against transformers (test_parity_embedded.py)."""
     import json
 

@@ -1,8 +1,8 @@
 """Issue 26's acceptance through real HTTP: with default settings on a CPU, the same probe requests give bitwise-equal
 scores alone, reordered, inside larger requests and while other clients' requests of other shapes run, in float32
 and bfloat16, on every scoring endpoint (a shared prefix included). The server runs the embedded model's shapes
-(embedded_shaped_dir: its config, tokenizer and chat template, 2 of its 30 scanned layers): the bits of its kernels
-and of the server's batching are the same, at a fifteenth of the compute."""
+(embedded_shaped_dir: its config, tokenizer and chat template, 2 of its 30 scanned layers): the same kernels and the
+same batching, at a fifteenth of the compute; tests/runtime/model/test_parity_embedded.py judges the real weights."""
 
 from __future__ import annotations
 
