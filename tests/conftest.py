@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import json
 import os
 import warnings
 import sys
@@ -92,8 +93,6 @@ def embedded_shaped_dir(tmp_path_factory, embedded_dir):
     30: every layer runs one compiled body (the layers are scanned), so its matmuls, norms and attention are the
     embedded model's kernels, at a fifteenth of the compute. For tests of the kernels' bits and of batching at the
     real shapes; the real weights' numbers are judged against transformers (test_parity_embedded.py)."""
-    import json
-
     from tests.runtime.conftest import tiny_served
 
     config = json.loads((embedded_dir / "config.json").read_text())
