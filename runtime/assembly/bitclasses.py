@@ -3,8 +3,10 @@ are sized by (runtime.model.invariant; Kernels.stream_rows and tile_rows).
 
 XLA:CPU picks a matmul's kernel by its shape. A row of `x[:M] @ w` has one set of bits for every M from a threshold up
 and others below it; the threshold depends on the dtype, the matmul's other sizes and the host's kernels (measured on
-an AMD EPYC Zen 4, 2026-11-26: bfloat16 any M from 2; float32 from 33 for 576 x 1536, from 51 for the attention's
-64 x 32 and 64 x 65; on an Intel Xeon with AMX, bfloat16 576 x 1536 from 33). So the host's own matmuls decide: one
+an AMD EPYC Zen 4, 2026-11-26: bfloat16 any M from 2; float32 from 33 for 576 x 1536, from 51 for 64 x 32 and
+64 x 65; on an Intel Xeon with AMX, bfloat16 576 x 1536 from 33; on an Intel Xeon with AVX-512, 2026-11-27, float32
+51 for 64 x 32 and 64 x 65 as on the Zen 4, but 1 for 64 x 64, which is why attention's key blocks hold 64 keys).
+So the host's own matmuls decide: one
 program computes every shape the model multiplies at a list of row counts and compares the first and last row of each
 with the same rows of the largest. Bits, not timings: the same image on the same CPU class always decides the same.
 

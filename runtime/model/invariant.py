@@ -63,7 +63,10 @@ TILE = 16  # rows of the heads' tiles (the label log-probabilities' from Kernels
 # measured (runtime.assembly.bitclasses): every threshold measured so far is below it (33, 51 and 63 rows).
 MIN_ROWS = 64
 QUERY_TILE_MAX = 256  # queries of an attention tile at most (a row up to this long is one tile)
-KEY_BLOCK = 32  # keys of an attention block, at absolute positions (a multiple of them)
+# Keys of an attention block, at absolute positions (a multiple of them). 64: a score matmul [rows, E] x [E, 64] and
+# the weighted values' [rows, 64] x [64, E] keep their bits from 1 row (E = 16, 32, 64), where 32 keys or E + 1 value
+# columns needed 51 rows (XLA:CPU, float32, Intel Xeon with AVX-512, 2026-11-27): the floor of every stream's rows.
+KEY_BLOCK = 64
 POSITION_TILE = 64  # positions of a tile of per-position log-probabilities (each tile reads the vocabulary head)
 
 
@@ -143,8 +146,7 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
 
     Why the bits do not move: a score is a dot over the head dim and a block's weighted values a dot over the block's
     keys, each a matmul row of at least `min_rows` rows (one bit class whatever the batch); the softmax's sum is a
-    column of the values' matmul (the values carry a column of ones), never a reduction whose order could follow the
-    shape; the running maximum is exact in any order. Blocks past a query are visited when its tile needs them: its
+    matmul of the weights against columns of ones, never a reduction whose order could follow the shape; the running maximum is exact in any order. Blocks past a query are visited when its tile needs them: its
     keys are masked, so they add exact zeros. Blocks wholly before a sliding window add a finite sum that the first
     visible block multiplies by exactly 0."""
     B, T, N, E = q.shape
@@ -161,12 +163,12 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
     tiles = jnp.transpose(tiles, (1, 0, 3, 2, 4, 5)).reshape(n, B, K, rows, E)
     q_pos = (length + jnp.arange(n * tile).reshape(n, tile, 1) + jnp.zeros((1, 1, G), jnp.int32)).reshape(n, rows)
     k_offsets = jnp.arange(KEY_BLOCK)
-    ones = jnp.ones((KEY_BLOCK, K, 1), v.dtype)
+    ones = jnp.ones((KEY_BLOCK, SUM_COLUMNS), v.dtype)  # a block's weights summed as a matmul, like the norms'
 
     def attend(state, scores, seen, weigh):
         """One block of keys into the online softmax state (running maximum [..., rows], weighted values and total
         [..., rows, E + 1]): their scores [..., rows, block], which are visible, and `weigh(p)`, the weights' matmul
-        with the block's values and their column of ones."""
+        with the block's values [..., rows, E]."""
         m, acc = state
         scores = scores * scale
         if softcap is not None:
@@ -174,7 +176,8 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
         scores = jnp.where(seen, scores, MASKED)
         m_new = jnp.maximum(m, _last_axis_max(scores))
         p = jnp.exp(scores - m_new[..., None])
-        return m_new, acc * jnp.exp(m - m_new)[..., None] + weigh(p)
+        total = matmul(p.astype(ones.dtype), ones, ((p.ndim - 1,), (0,)))[..., :1]
+        return m_new, acc * jnp.exp(m - m_new)[..., None] + jnp.concatenate([weigh(p), total], axis=-1)
 
     state = (jnp.full((n, B, K, rows), MASKED, F32), jnp.zeros((n, B, K, rows, E + 1), F32))
     first = 0
@@ -183,11 +186,10 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
 
         def prefix_block(j, state):
             kj, vj = (jax.lax.dynamic_slice_in_dim(a, j * KEY_BLOCK, KEY_BLOCK) for a in (ctx_k, ctx_v))
-            values = jnp.concatenate([vj, ones], axis=-1)  # [block, K, E + 1]
             scores = _rows_by_kv(matmul(tiles, kj, ((4,), (2,)), ((2,), (1,))))  # all queries at once
             seen = visible(q_pos[:, :, None], j * KEY_BLOCK + k_offsets, window)[:, None, None]
             return attend(state, scores, seen,
-                          lambda p: _rows_by_kv(matmul(p.astype(values.dtype), values, ((4,), (0,)), ((2,), (1,)))))
+                          lambda p: _rows_by_kv(matmul(p.astype(vj.dtype), vj, ((4,), (0,)), ((2,), (1,)))))
         state = jax.lax.fori_loop(0, first, prefix_block, state)
 
     def one_tile(xs):
@@ -203,11 +205,10 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
                 at_prefix = jnp.minimum(k_pos, ctx_k.shape[0] - 1)
                 kj = jnp.where(in_prefix, jnp.take(ctx_k, at_prefix, axis=0)[None], kj)
                 vj = jnp.where(in_prefix, jnp.take(ctx_v, at_prefix, axis=0)[None], vj)
-            values = jnp.concatenate([vj, jnp.broadcast_to(ones[None], (B, *ones.shape))], axis=-1)
             scores = matmul(q_i, kj, ((3,), (3,)), ((0, 1), (0, 2)))  # [B, K, rows, block]
             seen = visible(pos_i[:, None], k_pos[None, :], window)
             return attend(state, scores, seen,
-                          lambda p: matmul(p.astype(values.dtype), values, ((3,), (1,)), ((0, 1), (0, 2))))
+                          lambda p: matmul(p.astype(vj.dtype), vj, ((3,), (1,)), ((0, 1), (0, 2))))
         # A loop whatever its length: a one-trip loop, inlined, would fuse with what surrounds it (the trip count is
         # hidden from XLA, as in `loop`).
         last = jax.lax.optimization_barrier(jnp.max(pos_i) // KEY_BLOCK + 1)
@@ -264,7 +265,7 @@ def matmul_shapes(shapes: dict[str, tuple[int, ...]], dtype: str, attention_dtyp
     [Layers, X, I, O] (all at once: I x X * O, and X * I x O down), the norms' sums of squares, and attention's
     scores and weighted values. What runtime.assembly.bitclasses measures."""
     found = {(shapes["embed"][1], SUM_COLUMNS, "float32"), (head_dim, KEY_BLOCK, attention_dtype),
-             (KEY_BLOCK, head_dim + 1, attention_dtype)}
+             (KEY_BLOCK, head_dim, attention_dtype), (KEY_BLOCK, SUM_COLUMNS, attention_dtype)}
     for name, shape in shapes.items():
         base = name.removeprefix("layers.")
         if name == base or not base.startswith(("w", "experts_", "lora_")):
