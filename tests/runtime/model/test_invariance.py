@@ -24,9 +24,6 @@ PLAN = small_plan(lengths=(32, 64), batches=(1, 4), labels=(4,))  # 1 to 8 tiles
 FAMILY_CASES = ["gemma", "gemma2", "gemma3_local_global_rope", "granite_dynamic_rope", "llama3_rope_scaling",
                 "llama_biases", "mistral_sliding_window", "olmo2_yarn_rope", "phi3_longrope_partial_sliding", "qwen2",
                 "qwen3", "qwen3_moe_linear_rope", "smollm2_like"]
-# Items after a shared prefix, in suffix rows of 32: the cascade's programs.
-PREFIX_PLAN = small_plan(lengths=(32, 64), batches=(1, 4), prefix_sharing=True, suffix_lengths=(32,),
-                         suffix_batches=(1, 4), labels=(4,), contexts=(32, 64))
 # Prefixes longer than a key block (runtime.model.invariant.KEY_BLOCK): whole blocks sliced from the prefix.
 LONG_PLAN = small_plan(lengths=(64, 192), batches=(1, 4), labels=(4,))
 LONG_PREFIX_PLAN = small_plan(lengths=(64, 192), batches=(1, 4), prefix_sharing=True, suffix_lengths=(8, 32),
@@ -135,10 +132,11 @@ def test_items_after_a_shared_prefix_score_the_bits_of_their_whole_sequence(casc
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_embedded_models_shapes_score_the_same_bits_after_a_shared_prefix(embedded_shaped_dir, dtype):
-    full = scorer_for(embedded_shaped_dir, dtype, PLAN)
-    shared = scorer_for(embedded_shaped_dir, dtype, PREFIX_PLAN)
+    """A prefix longer than a key block: its whole block sliced from the prefix, the next one across its end."""
+    full = scorer_for(embedded_shaped_dir, dtype, LONG_PLAN)
+    shared = scorer_for(embedded_shaped_dir, dtype, LONG_PREFIX_PLAN)
     rng = np.random.default_rng(3)
-    prefix = rng.integers(0, 49152, 37).tolist()
+    prefix = rng.integers(0, 49152, invariant.KEY_BLOCK + 6).tolist()
     sequences = [prefix + item for item in random_sequences(rng, 5, 1, 27, 49152)]
     assert_whole_sequence_bits_after_a_prefix(shared, full, sequences, [7042, 4528, 11])
 
