@@ -146,8 +146,9 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
 
     Why the bits do not move: a score is a dot over the head dim and a block's weighted values a dot over the block's
     keys, each a matmul row of at least `min_rows` rows (one bit class whatever the batch); the softmax's sum is a
-    matmul of the weights against columns of ones, never a reduction whose order could follow the shape; the running maximum is exact in any order. Blocks past a query are visited when its tile needs them: its
-    keys are masked, so they add exact zeros. Blocks wholly before a sliding window add a finite sum that the first
+    matmul of the weights against columns of ones, never a reduction whose order could follow the shape; the running
+    maximum is exact in any order. Blocks past a query are visited when its tile needs them: its keys are masked, so
+    they add exact zeros. Blocks wholly before a sliding window add a finite sum that the first
     visible block multiplies by exactly 0."""
     B, T, N, E = q.shape
     K = k.shape[2]
