@@ -164,7 +164,6 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
     tiles = jnp.transpose(tiles, (1, 0, 3, 2, 4, 5)).reshape(n, B, K, rows, E)
     q_pos = (length + jnp.arange(n * tile).reshape(n, tile, 1) + jnp.zeros((1, 1, G), jnp.int32)).reshape(n, rows)
     k_offsets = jnp.arange(KEY_BLOCK)
-    ones = jnp.ones((KEY_BLOCK, SUM_COLUMNS), v.dtype)  # a block's weights summed as a matmul, like the norms'
 
     def attend(state, scores, seen, weigh):
         """One block of keys into the online softmax state (running maximum [..., rows], weighted values and total
@@ -177,7 +176,7 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
         scores = jnp.where(seen, scores, MASKED)
         m_new = jnp.maximum(m, _last_axis_max(scores))
         p = jnp.exp(scores - m_new[..., None])
-        total = matmul(p.astype(ones.dtype), ones, ((p.ndim - 1,), (0,)))[..., :1]
+        total = row_sums(p.astype(v.dtype))  # a matmul, as the norms' sums
         return m_new, acc * jnp.exp(m - m_new)[..., None] + jnp.concatenate([weigh(p), total], axis=-1)
 
     state = (jnp.full((n, B, K, rows), MASKED, F32), jnp.zeros((n, B, K, rows, E + 1), F32))
@@ -238,13 +237,19 @@ def _rows_by_kv(x: jax.Array) -> jax.Array:
 SUM_COLUMNS = 16  # columns of ones a norm's sum of squares is read from (one column would become a reduction)
 
 
+def row_sums(x: jax.Array) -> jax.Array:
+    """x's sums over its last axis [..., 1], as a matmul against SUM_COLUMNS columns of ones in x's dtype: a matmul's
+    rows keep their bits from Kernels.min_rows rows up, where a reduction's order followed the number of rows."""
+    return matmul(x, jnp.ones((x.shape[-1], SUM_COLUMNS), x.dtype), ((x.ndim - 1,), (0,)))[..., :1]
+
+
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """RMSNorm in float32 (runtime.model.layers.rms_norm) with each row's sum of squares as a matmul against ones:
     a matmul's rows have one set of bits from Kernels.min_rows rows up, where a reduction's order followed the number
     of rows (RMSNorm 576 wide changed at 4,096 tokens, 64 wide at 64)."""
     x = x.astype(F32)
     flat = x.reshape(-1, x.shape[-1])
-    sums = matmul(flat * flat, jnp.ones((x.shape[-1], SUM_COLUMNS), F32), ((1,), (0,)), ((), ()))[:, :1]
+    sums = row_sums(flat * flat)
     mean = sums.reshape(*x.shape[:-1], 1) / x.shape[-1]
     return x * jax.lax.rsqrt(mean + eps) * weight.astype(F32)
 
@@ -283,7 +288,7 @@ def logsumexp(x: jax.Array) -> jax.Array:
     """log(sum(exp(x))) over the last axis of rows x [M, V]: the maximum (exact in any order), then the sum of the
     exponentials as a matmul against ones (a reduction's order followed the number of rows)."""
     top = jnp.max(x, axis=-1)
-    sums = matmul(jnp.exp(x - top[:, None]), jnp.ones((x.shape[-1], SUM_COLUMNS), F32), ((1,), (0,)))[:, 0]
+    sums = row_sums(jnp.exp(x - top[:, None]))[:, 0]
     return top + jnp.log(sums)
 
 
