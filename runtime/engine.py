@@ -51,6 +51,7 @@ class Engine:
         self._device: DeviceThread | None = None
         self._ready = threading.Event()
         self._stopping = False
+        self._loader: concurrent.futures.ThreadPoolExecutor | None = None  # deferred executables, after ready
         self.rounds_in_flight = 1  # the platform's, once started
         self.batch_invariant = False  # the platform's, once started
         self.platform_info: dict[str, str] = {}  # the platform's, once started
@@ -63,8 +64,9 @@ class Engine:
         return self._ready.is_set() and not self._stopping
 
     def start(self) -> None:
-        """Load the model, its tokenizer and its stored executables; build what it serves; load or compile every
-        bucket; time the device; serve. Each step's seconds go to `timings` (and the "warm-up done" log line)."""
+        """Load the model and its tokenizer, find its stored executables; build what it serves; compile every bucket
+        the store does not hold; time the device; serve, and load the stored executables no round has loaded yet.
+        Each step's seconds go to `timings` (and the "warm-up done" log line)."""
         laps = _Laps(PROCESS_STARTED)
         laps.lap("boot")  # the interpreter, the server and the app's imports
         # JAX, Flax and transformers: imported here, once the server already answers /health and /ready (503).
@@ -73,7 +75,7 @@ class Engine:
         loaded = startup.load(self.settings)  # weights, tokenizer and stored executables at once
         self._take_model(loaded.cfg, loaded.model.model_id, loaded.tokenizer)
         self._take_adapters(loaded.adapters)
-        self.scorer, self.platform, preloaded = startup.serving_scorer(self.settings, loaded)
+        self.scorer, self.platform = startup.serving_scorer(self.settings, loaded)
         self.plan, self.rounds_in_flight = self.scorer.plan, self.platform.rounds_in_flight
         self.max_sequence_length = self.plan.max_length  # bucket lengths may round up (batch invariance)
         self.batch_invariant = self.platform.kernels.batch_invariant
@@ -85,14 +87,36 @@ class Engine:
         service = calibration.calibrate(self.scorer)
         self.scorer.plan = self.plan = service.fit_plan(self.plan)
         laps.lap("calibrate")
-        self.timings = {**laps.seconds, **warmed, "preloaded": preloaded}
+        self.timings = {**laps.seconds, **warmed, "deferred": self.scorer.exe.deferred}
         if tracing.tracer is not None:
             spans().started(laps.phases, self.model_id, self.platform_info, self.timings)
-        log.info("warm-up done: %d buckets in %.1f s (%d loaded from the executable store; persistent cache: "
-                 "%d hits, %d misses); service time %s (timed in %.2f s)", warmed["buckets"],
-                 self.timings["compile_s"], warmed["stored"], warmed["cache_hits"], warmed["cache_misses"],
-                 service.describe(), self.timings["calibrate_s"], extra={"json_fields": {"timings": self.timings}})
+        log.info("warm-up done: %d buckets in %.1f s (%d loaded from the executable store, %d of them after ready; "
+                 "persistent cache: %d hits, %d misses); service time %s (timed in %.2f s)", warmed["buckets"],
+                 self.timings["compile_s"], warmed["stored"], self.timings["deferred"], warmed["cache_hits"],
+                 warmed["cache_misses"], service.describe(), self.timings["calibrate_s"],
+                 extra={"json_fields": {"timings": self.timings}})
         self.start_with(self.scorer, service)
+        self._load_deferred(self.scorer.exe)
+
+    def _load_deferred(self, exe) -> None:
+        """After ready, on one thread, smallest first: the stored executables no round has loaded yet (a round that
+        needs one loads it itself first, ~40 ms on a CPU, never compiling). A pool's thread, not a daemon: a process
+        that ends without stop() finishes the loads queued, rather than dying in one."""
+        keys = exe.deferred_keys()
+        if not keys:
+            return
+        started = time.perf_counter()
+
+        def load(name: str, bucket: tuple) -> None:
+            try:
+                exe.ensure(name, bucket)
+            except Exception:  # a store that failed it, then its compile: the round that needs it will say so
+                log.exception("executable store: %s%s not loaded after ready", name, bucket)
+        self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="scorefn-deferred")
+        for key in keys:
+            self._loader.submit(load, *key)
+        self._loader.submit(lambda: log.info("executable store: the %d buckets deferred at start loaded %.2f s after "
+                                             "ready", len(keys), time.perf_counter() - started))
 
     def _take_model(self, cfg, model_id: str, tokenizer) -> None:
         """What the handler reads of the model, and the classifiers and rerankers it serves: checked against the
@@ -133,6 +157,8 @@ class Engine:
     def stop(self, grace_seconds: float) -> None:
         """Refuse new work, let queued work finish within the grace period, stop the device thread."""
         self._stopping = True
+        if self._loader is not None:  # the load under way finishes (~40 ms), the others are dropped
+            self._loader.shutdown(wait=True, cancel_futures=True)
         if self._device is None:
             return
         deadline = time.monotonic() + grace_seconds

@@ -143,12 +143,22 @@ def start(name: str, *extra: str) -> tuple[str, float, float | None]:
     return url, ready_s, int(cpu_ns) / 1e9 if cpu_ns.isdigit() else None
 
 
-def all_loaded(name: str) -> bool:
-    """Whether the container's start loaded every bucket from the baked executables (its warm-up log line)."""
-    warmup = re.search(r"warm-up done: (\d+) buckets in [\d.]+ s \((\d+) loaded from the executable store",
-                       logs(name))
-    log(f"{name}: {warmup.group(0) if warmup else 'no warm-up line in the log'}")
-    return bool(warmup) and warmup.group(1) == warmup.group(2)
+def all_loaded(name: str, timeout: float = 60) -> bool:
+    """Whether the container's start took every bucket from the baked executables (its warm-up log line), and
+    loaded those it deferred after ready (the line that says so, waited for)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = logs(name)
+        warmup = re.search(r"warm-up done: (\d+) buckets in [\d.]+ s \((\d+) loaded from the executable store, "
+                           r"(\d+) of them after ready", text)
+        after = re.search(r"executable store: the (\d+) buckets deferred at start loaded [\d.]+ s after ready", text)
+        if not warmup or warmup.group(3) == "0" or after or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)  # polling the log, as for /ready
+    log(f"{name}: {warmup.group(0) if warmup else 'no warm-up line in the log'}; "
+        f"{after.group(0) if after else 'no line of the deferred buckets loaded'}")
+    return bool(warmup) and warmup.group(1) == warmup.group(2) and (
+        warmup.group(3) == "0" or bool(after) and after.group(1) == warmup.group(3))
 
 
 def metrics(url: str) -> str:

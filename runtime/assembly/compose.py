@@ -9,11 +9,9 @@ such a scorer compiles and stores every bucket, and a later start with the weigh
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import itertools
 import logging
-import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -104,21 +102,19 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
 
 @dataclasses.dataclass(frozen=True)
 class Stored:
-    """What the executable store held for a start, loaded from the model's config alone (runtime.assembly.startup)."""
-    fingerprint: str
-    executables: dict[tuple, Any]  # {(entry point, bucket): executable}
+    """The stored set a start takes, found from the model's config alone (runtime.assembly.startup)."""
     cpu: platforms.CpuFormat | None  # a CPU backend: the feature class and format of that set, which the start takes
     portable: bool = False  # its batch-invariant kernels sized as for any CPU, not this host's own matmuls
 
 
-def load_stored(settings: Settings, cfg: ModelConfig, store: ExecutableStore) -> Stored:
-    """The executables the store holds for this model's start on this host, loaded from its config alone: a start
-    deserializes them while its weights load (the fingerprint needs parameter shapes, not values). On a CPU: the
+def stored_set(settings: Settings, cfg: ModelConfig, store: ExecutableStore) -> Stored:
+    """Which of the store's sets this model's start takes on this host, found from its config alone while the
+    weights load (the fingerprint needs parameter shapes, not values); warm-up loads from it. On a CPU: the
     set of this process's own feature class, whole or in part, else a whole set this host runs: its class's compiled
     on another host (with runtime.model.invariant's MIN_ROWS, when this host's matmuls keep their bits from as few),
     or the first of a lower class's. An image built on another CPU starts without compiling. Nothing (and no error)
     when the start would fail anyway; it fails in the real composition, saying why. `store`: the one the start's
-    scorer uses (a set that does not load is then logged once)."""
+    scorer uses."""
     try:
         own = platforms.host_cpu_format(settings.dtype) if platforms.current_backend() == "cpu" else None
         scorer, _ = compose(settings, cfg, probe=False, quiet=True, store=store, cpu=own)
@@ -134,10 +130,10 @@ def load_stored(settings: Settings, cfg: ModelConfig, store: ExecutableStore) ->
             if (i == 0 and held) or held == len(keys):
                 break
         else:
-            return Stored("", {}, own)
+            return Stored(own)
     except Exception as exc:  # e.g. a mesh that cannot be built: the start with the weights reports it
-        log.debug("stored executables not preloaded: %s", exc)
-        return Stored("", {}, None)
+        log.debug("stored executables not looked up: %s", exc)
+        return Stored(None)
     if cpu is not own:
         log.warning("executable store: no executables for this host's CPU class %s; taking the whole set compiled "
                     "for class %s (which this host runs) instead of compiling", own.feature_class, cpu.feature_class)
@@ -145,8 +141,4 @@ def load_stored(settings: Settings, cfg: ModelConfig, store: ExecutableStore) ->
         log.warning("executable store: no executables for this host's CPU class %s sized by its matmuls' bit classes "
                     "(from %d rows); taking the whole set compiled for the class elsewhere (from %d)",
                     own.feature_class, floor, invariant.MIN_ROWS)
-    exe = scorer.exe
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # deserializing releases the GIL
-        loaded = list(pool.map(lambda mk: exe.store.load(exe.fingerprint, *mk, exe.devices), keys))
-    return Stored(exe.fingerprint, {mk: compiled for mk, compiled in zip(keys, loaded) if compiled is not None}, cpu,
-                  portable)
+    return Stored(cpu, portable)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -74,6 +75,9 @@ class Executables:
         self.stored_bytes: dict[tuple, int] = {}  # (program, bucket) -> serialized size, of those stored here
         self._compiled: dict[tuple, jax.stages.Compiled] = {}
         self._lock = threading.Lock()
+        # Held by the store, not loaded yet: each loads when first run, or when the start loads it after ready.
+        self._deferred: set[tuple] = set()
+        self._loading = threading.Lock()  # one deferred load at a time: a run waits for the one under way
         self.compiles = 0  # executables compiled (or loaded from a cache or the store) by this object
         self.loaded = 0  # of which loaded from the store, without tracing
 
@@ -81,36 +85,35 @@ class Executables:
         """The program's argument shapes for this bucket (its declaration), as JAX takes them."""
         return tuple(jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype in program.args(bucket, self.shapes))
 
-    # ---- warm-up: every bucket loaded or compiled before the first request -------------------------------
+    # ---- warm-up: every bucket compiled, or held by the store, before the first request ---------------------
 
     def warm_up(self, programs: list[tuple[Program, tuple[int, ...]]],
                 progress: Callable[[int, str, float], None] | None = None,
                 timings: dict[tuple, float] | None = None) -> int:
-        """Load or compile every (program, bucket) once: from the store when it holds them, else through the
-        persistent cache. Returns how many there are; `progress(done, name, seconds)` after each one; `timings`,
-        when given, gets each (program, bucket)'s seconds."""
+        """Compile every (program, bucket) the store does not hold (through the persistent cache); load the first
+        one it holds, and defer the others (`ensure` loads one: when first run, or after ready) when that one loads.
+        Returns how many there are; `progress(done, name, seconds)` after each one loaded or compiled; `timings`,
+        when given, gets their seconds."""
         timings = {} if timings is None else timings
         if self.store is not None and not self.compile_only and (
                 miss := self.store.explain_miss(self.fingerprint, self.fingerprint_parts)):
             (log.info if "nothing stored yet" in miss else log.warning)(miss)
-        # Executables in the store load without tracing, on every core (deserializing one releases the GIL: 1.5x
-        # faster in two threads on 2 cores). Tracing holds the GIL, so it runs here one bucket at a time; XLA
-        # compiles (or loads from the persistent cache) in a pool meanwhile, on every core.
         missing = [(program.name, bucket) for program, bucket in programs if not self.has(program.name, bucket)]
-        todo, done = [], len(programs) - len(missing)
-
-        def load_one(name: str, bucket: tuple) -> tuple[bool, float]:
+        held = [key for key in missing if self.holds_stored(*key)]
+        done = len(programs) - len(missing)
+        # Deserializing all of them took 7-8 CPU seconds of a 17.5-second start (168 buckets, 2-core Intel Xeon,
+        # 2026-11-28), and a request needs a few. One loads now, so that a store that does not load (another
+        # build's) is known before ready, and everything is compiled instead.
+        if held:
             started = time.perf_counter()
-            return self.load_stored(name, bucket), time.perf_counter() - started
-        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-            for (name, bucket), (stored, seconds) in zip(missing, pool.map(lambda nb: load_one(*nb), missing)):
-                if not stored:
-                    todo.append((name, bucket))
-                    continue
-                done += 1
-                timings[(name, bucket)] = seconds
+            if self.load_stored(*held[0]):
+                timings[held[0]] = time.perf_counter() - started
+                with self._lock:
+                    self._deferred.update(held[1:])
+                done += len(held)
                 if progress:
-                    progress(done, f"{name}{bucket}", seconds)
+                    progress(done, f"{held[0][0]}{held[0][1]} (and {len(held) - 1} deferred)", timings[held[0]])
+        todo = [key for key in missing if not self.has(*key)]
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             def compile_one(name: str, bucket: tuple, lowered, traced: float) -> tuple[str, float]:
                 started = time.perf_counter()
@@ -173,6 +176,34 @@ class Executables:
             self._compiled[(name, bucket)] = compiled
             self.compiles += 1
 
+    def holds_stored(self, name: str, bucket: tuple) -> bool:
+        return self.store is not None and not self.compile_only and self.store.holds(self.fingerprint, name, bucket)
+
+    @property
+    def deferred(self) -> int:
+        """Executables held by the store, not loaded yet."""
+        return len(self._deferred)
+
+    def deferred_keys(self) -> list[tuple]:
+        """The deferred (program, bucket)s, smallest bucket first: the order a start loads them in after ready."""
+        with self._lock:
+            return sorted(self._deferred, key=lambda k: (math.prod(k[1]), k))
+
+    def ensure(self, name: str, bucket: tuple) -> bool:
+        """Whether the bucket is compiled or loaded, loading it first if it was deferred (compiling it, should the
+        store fail it after all)."""
+        key = (name, bucket)
+        if key in self._compiled:
+            return True
+        with self._loading:
+            if key in self._compiled or key not in self._deferred:
+                return key in self._compiled
+            if not self.load_stored(name, bucket):  # unreadable since warm-up (the store logged it): compile, once
+                self.add(name, bucket, self.lower(name, *self.specs(PROGRAMS[name], bucket)))
+            with self._lock:
+                self._deferred.discard(key)
+            return True
+
     def load_stored(self, name: str, bucket: tuple) -> bool:
         """Load a bucket's executable from the store without tracing it; False when it is not there."""
         if self.store is None or self.compile_only:
@@ -185,18 +216,6 @@ class Executables:
             self.compiles += 1
             self.loaded += 1
         return True
-
-    def adopt(self, fingerprint: str, compiled: dict[tuple, jax.stages.Compiled]) -> int:
-        """Take executables loaded from the store before this object existed (runtime.assembly.compose.load_stored),
-        when they were loaded under this object's fingerprint; returns how many were taken."""
-        if self.compile_only or not fingerprint or fingerprint != self.fingerprint:
-            return 0
-        with self._lock:
-            new = {k: c for k, c in compiled.items() if k not in self._compiled}
-            self._compiled.update(new)
-            self.compiles += len(new)
-            self.loaded += len(new)
-        return len(new)
 
     def compile(self, name: str, bucket: tuple, *example_args: jax.ShapeDtypeStruct) -> float:
         """Compile a program for the given argument shapes; return seconds taken."""
@@ -211,13 +230,15 @@ class Executables:
         return cache_events()["backend_compiles"]
 
     def get(self, name: str, bucket: tuple) -> jax.stages.Compiled:
+        self.ensure(name, bucket)
         return self._compiled[(name, bucket)]
 
     def has(self, name: str, bucket: tuple) -> bool:
-        return (name, bucket) in self._compiled
+        """Whether the bucket runs without compiling: compiled, or loaded or deferred from the store."""
+        return (name, bucket) in self._compiled or (name, bucket) in self._deferred
 
     def __call__(self, name: str, bucket: tuple, *args: Any) -> Any:
-        if (name, bucket) not in self._compiled:
+        if not self.ensure(name, bucket):
             if not self.lazy:
                 raise RuntimeError(f"no compiled executable for {name} {bucket}: every bucket must be warmed up")
             if not self.load_stored(name, bucket):

@@ -1,5 +1,5 @@
 """The steps of a start that need JAX, Flax and transformers (runtime.engine imports this module when a start
-begins, after the HTTP server already answers /health): load a model's weights, its tokenizer and its stored
+begins, after the HTTP server already answers /health): load a model's weights and its tokenizer and find its stored
 executables at once, compose its scorer, and warm up every bucket."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Callable
 from runtime.model import lora
 from runtime.model.config import ModelConfig, load_config
 from runtime.model.loader import LoadedModel, load_model, load_tokenizer, resolve_model_dir
-from runtime.assembly.compose import Stored, compose, executable_store, load_stored
+from runtime.assembly.compose import Stored, compose, executable_store, stored_set
 from runtime.assembly.platform import Platform
 from runtime.requests.scorer import Scorer
 from runtime.assembly.store import ExecutableStore, cache_events, enable_persistent_cache
@@ -20,12 +20,12 @@ from runtime.settings import Settings
 
 @dataclasses.dataclass
 class Loaded:
-    """A model loaded for serving: its weights and config, its tokenizer, and the executables the store held for it
-    (loaded from the config alone, beside the weights: the store's fingerprint needs no weights)."""
+    """A model loaded for serving: its weights and config, its tokenizer, and which stored set of executables it takes
+    (found from the config alone, beside the weights: the store's fingerprint needs no weights)."""
     model: LoadedModel
     tokenizer: Any
     store: ExecutableStore  # the start's: a stored set that does not load is logged once
-    stored: Stored  # and the CPU feature class and format the start takes with them
+    stored: Stored  # the CPU feature class and format of the stored set the start takes
     adapters: list[lora.Adapter]  # SCOREFN_LORA_ADAPTERS, checked against the weights, in slots 1..n
 
     @property
@@ -35,13 +35,13 @@ class Loaded:
 
 def load(settings: Settings) -> Loaded:
     """Weights (mostly NumPy dequantizing or copying them, which releases the GIL) beside the tokenizer (mostly
-    importing transformers) and the stored executables (deserializing them, which releases it too)."""
+    importing transformers) and the lookup of the stored executables (tracing nothing: composing abstract models)."""
     enable_persistent_cache(settings.xla_cache_dir)
     model_dir, _ = resolve_model_dir(settings.model, settings.cache_dir)
     store = executable_store(settings)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         tokenizer = pool.submit(load_tokenizer, model_dir)
-        stored = pool.submit(load_stored, settings, load_config(model_dir), store)
+        stored = pool.submit(stored_set, settings, load_config(model_dir), store)
         model = load_model(settings.model, settings.cache_dir, settings.model_id)
         return Loaded(model, tokenizer.result(), store, stored.result(), adapters(settings, model))
 
@@ -58,17 +58,18 @@ def scorer(settings: Settings, loaded: LoadedModel, *, lazy: bool = False) -> tu
     return compose(settings, loaded.cfg, loaded.arrays, lazy=lazy, adapters=adapters(settings, loaded))
 
 
-def serving_scorer(settings: Settings, loaded: Loaded) -> tuple[Scorer, Platform, int]:
-    """The scorer a start serves with, holding the executables loaded beside the weights; and how many those were."""
-    built, platform = compose(settings, loaded.cfg, loaded.model.arrays, store=loaded.store, cpu=loaded.stored.cpu,
-                              portable=loaded.stored.portable, adapters=loaded.adapters)
-    return built, platform, built.exe.adopt(loaded.stored.fingerprint, loaded.stored.executables)
+def serving_scorer(settings: Settings, loaded: Loaded) -> tuple[Scorer, Platform]:
+    """The scorer a start serves with, for the stored set found beside the weights."""
+    return compose(settings, loaded.cfg, loaded.model.arrays, store=loaded.store, cpu=loaded.stored.cpu,
+                   portable=loaded.stored.portable, adapters=loaded.adapters)
 
 
 def warm_up(built: Scorer, progress: Callable[[int, str, float], None] | None = None) -> dict[str, float]:
-    """Load or compile every bucket of the plan; what it took (counts and persistent-cache events)."""
+    """Compile every bucket of the plan the store does not hold (Executables.warm_up); what it took (counts: "stored"
+    those from the store, loaded or deferred, and persistent-cache events)."""
     before = cache_events()
     total = built.exe.warm_up(built.plan.programs(built.task), progress)
     after = cache_events()
-    return {"buckets": total, "stored": built.exe.loaded, "cache_hits": after["hits"] - before["hits"],
+    return {"buckets": total, "stored": built.exe.loaded + built.exe.deferred,
+            "cache_hits": after["hits"] - before["hits"],
             "cache_misses": after["misses"] - before["misses"]}

@@ -1,7 +1,9 @@
 """Start `scorefn serve` as a child process on a free loopback port and wait until it is ready.
 
 Used by the end-to-end tests, the benchmark's HTTP workload and the load-test runner. Readiness is
-detected from the server's own "ready" log line (no polling loop), then confirmed on GET /ready.
+detected from the server's own "ready" log line (no polling loop), then confirmed on GET /ready; a start that
+deferred stored executables until after ready is then waited for until it loaded them (its log line), so that what
+is measured next is the server's steady state.
 """
 
 from __future__ import annotations
@@ -64,22 +66,25 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, env: dict[str, str] | None = None, interface: str = "asgi", start_timeout: float = 600,
-                 log_path: Path | None = None):
-        """`log_path`: also write every line the server prints there (the last 2,000 are kept in `lines`)."""
+                 log_path: Path | None = None, settle: bool = True):
+        """`log_path`: also write every line the server prints there (the last 2,000 are kept in `lines`).
+        `settle`: return once the executables deferred at start are loaded too (else at /ready)."""
         self.port = free_port()
         self._log = open(log_path, "w") if log_path else None
         self.url = f"http://127.0.0.1:{self.port}"
         self.lines: deque[str] = deque(maxlen=2000)
         self._ready = threading.Event()
+        self._settled = threading.Event()  # ready, and every deferred stored executable loaded
         self._exited = threading.Event()
         self._printed = threading.Condition()  # notified on each line the server prints
         full_env = {**os.environ, **(env or {}), "PORT": str(self.port), "SCOREFN_HOST": "127.0.0.1"}
         self.proc = subprocess.Popen(serve_command(interface),
                                      env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         threading.Thread(target=self._read, daemon=True).start()
-        self.wait_ready(start_timeout)
+        self.wait_ready(start_timeout, settle)
 
     def _read(self) -> None:
+        deferring = False  # the start deferred stored executables until after ready
         for line in self.proc.stdout:
             with self._printed:
                 self.lines.append(line)
@@ -87,17 +92,26 @@ class ServerProcess:
             if self._log:
                 self._log.write(line)
             try:
-                if json.loads(line).get("message") == "ready":
-                    self._ready.set()
+                record = json.loads(line)
+                message = record.get("message", "")
             except (ValueError, AttributeError):
-                pass
+                continue
+            if message.startswith("warm-up done"):
+                deferring = bool(record.get("timings", {}).get("deferred"))
+            elif message.startswith("executable store: the") and "deferred at start loaded" in message:
+                self._settled.set()
+            elif message == "ready":
+                self._ready.set()
+                if not deferring:
+                    self._settled.set()
         if self._log:
             self._log.close()
         self._exited.set()
-        self._ready.set()  # wake the waiter: it checks whether the process died
+        self._ready.set()  # wake the waiters: they check whether the process died
+        self._settled.set()
 
-    def wait_ready(self, timeout: float) -> None:
-        if not self._ready.wait(timeout) or self._exited.is_set():
+    def wait_ready(self, timeout: float, settle: bool = True) -> None:
+        if not self._ready.wait(timeout) or (settle and not self._settled.wait(timeout)) or self._exited.is_set():
             self.stop()
             raise RuntimeError("server did not become ready:\n" + "".join(list(self.lines)[-40:]))
         with urllib.request.urlopen(self.url + "/ready", timeout=10) as response:

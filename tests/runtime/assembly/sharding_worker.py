@@ -65,7 +65,7 @@ def run(spec: dict) -> dict:
                 "layout": layout.describe() if layout is not None else None,
                 "param_specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(scorer.exe.state)})
                 if layout is not None else [],
-                "buckets": buckets, "compiles": scorer.exe.compiles, "stored": scorer.exe.loaded,
+                "buckets": buckets, "compiles": scorer.exe.compiles, "stored": scorer.exe.loaded + scorer.exe.deferred,
                 "cache_hits": warmed["hits"] - before["hits"], "cache_misses": warmed["misses"] - before["misses"],
                 "compiles_while_scoring": after["backend_compiles"] - warmed["backend_compiles"],
                 "ran": sorted(recording.ran),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -72,16 +74,53 @@ def test_second_warmup_loads_every_bucket_without_tracing(model_dir, cache_dir, 
     second.start()
     try:
         assert second.timings["stored"] == second.plan.count()  # loaded from the store: nothing traced
-        # ... and all of them while the weights loaded (from the config's fingerprint), not after
-        assert second.timings["preloaded"] == second.plan.count()
         assert second.timings["cache_misses"] == 0 and second.timings["cache_hits"] == 0
-        assert executables.cache_events()["backend_compiles"] == compiled_before  # and nothing compiled
         sequences = [[5, 6, 7], [8, 9]]
-        np.testing.assert_allclose(second.score(sequences, [1, 2]),
-                                   first_scores(model_dir, cache_dir, xla_dir, sequences),
-                                   atol=1e-6, rtol=0)
+        scores = second.score(sequences, [1, 2])
+        assert all(second.scorer.exe.ensure(*key) for key in second.scorer.exe.deferred_keys())  # beside the start's
+        assert second.scorer.exe.loaded == second.plan.count()
+        assert executables.cache_events()["backend_compiles"] == compiled_before  # and nothing compiled
+        np.testing.assert_allclose(scores, first_scores(model_dir, cache_dir, xla_dir, sequences), atol=1e-6, rtol=0)
     finally:
         second.stop(5)
+
+
+def test_stored_buckets_load_when_first_run_or_after_ready(model_dir, cache_dir, tmp_path):
+    """A start loads one stored executable (a store that does not load is then compiled instead, before ready) and
+    defers the others: a round loads what it runs, never compiling, and the engine loads the rest after ready, on
+    one thread that stop() ends."""
+    from runtime.assembly import startup
+    from runtime.requests.jobs import Job
+
+    xla_dir = tmp_path / "xla"
+    settings = small_settings(model_dir, cache_dir, xla_dir, length_buckets=(16, 32), batch_buckets=(1, 4))
+    first = Engine(settings)
+    first.start()
+    first.stop(5)
+    built, _ = startup.serving_scorer(settings, startup.load(settings))
+    compiled_before = executables.cache_events()["backend_compiles"]
+    warmed = startup.warm_up(built)
+    exe, count = built.exe, built.plan.count()
+    assert warmed["stored"] == count and exe.loaded == 1 and exe.deferred == count - 1
+    sequences = [[5, 6, 7], [8, 9]]
+    scores = built.score_jobs([Job(sequences, [1, 2])])[0]
+    assert 1 < exe.loaded < count and exe.loaded + exe.deferred == count  # the round's buckets, not the others
+    keys = exe.deferred_keys()
+    assert [math.prod(bucket) for _, bucket in keys] == sorted(math.prod(bucket) for _, bucket in keys)
+    assert all(exe.ensure(*key) for key in keys) and exe.deferred == 0 and exe.loaded == count
+    assert executables.cache_events()["backend_compiles"] == compiled_before
+    np.testing.assert_allclose(scores, first_scores(model_dir, cache_dir, xla_dir, sequences), atol=1e-6, rtol=0)
+
+    before = deferred_loaders()
+    engine = Engine(settings)  # the engine's own loader: done, or ended by stop()
+    engine.start()
+    assert engine.timings["stored"] == count
+    engine.stop(5)
+    assert not deferred_loaders() - before
+
+
+def deferred_loaders() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("scorefn-deferred")}
 
 
 def test_a_changed_model_setting_misses_the_store(model_dir, cache_dir, tmp_path):
@@ -93,7 +132,6 @@ def test_a_changed_model_setting_misses_the_store(model_dir, cache_dir, tmp_path
         engine.start()
         engine.stop(5)
         assert engine.timings["stored"] == (engine.plan.count() if stored is None else stored)
-        assert engine.timings["preloaded"] == engine.timings["stored"]  # another dtype's set is not taken
 
 
 def test_other_adapters_in_the_same_slots_load_every_bucket_from_the_store(model_dir, cache_dir, tmp_path):
@@ -116,7 +154,7 @@ def test_other_adapters_in_the_same_slots_load_every_bucket_from_the_store(model
     compiled_before = executables.cache_events()["backend_compiles"]
     second.start()
     try:
-        assert second.timings["stored"] == second.timings["preloaded"] == second.plan.count()
+        assert second.timings["stored"] == second.plan.count()
         assert executables.cache_events()["backend_compiles"] == compiled_before
         sequences = [[5, 6, 7], [8, 9]]
         scores = {adapter: second.submit(sequences, [1, 2], adapter=adapter).result().logprobs
@@ -163,7 +201,7 @@ def test_a_start_takes_a_lower_classes_whole_set_with_its_format(model_dir, cach
     engine = Engine(small_settings(model_dir, cache_dir, xla_dir, **settings))
     engine.start()
     try:
-        assert engine.timings["stored"] == engine.timings["preloaded"] == engine.plan.count()  # nothing compiled
+        assert engine.timings["stored"] == engine.plan.count()  # nothing compiled
         assert engine.platform.cpu.feature_class == "avx2" and engine.platform.dtype == "float32"
         assert "no executables for this host's CPU class amx; taking the whole set compiled for class avx2" \
             in caplog.text
