@@ -72,7 +72,7 @@ class Engine:
         # JAX, Flax and transformers: imported here, once the server already answers /health and /ready (503).
         from runtime.assembly import calibration, startup
         laps.lap("import")
-        loaded = startup.load(self.settings)  # weights, tokenizer and stored executables at once
+        loaded = startup.load(self.settings)  # weights and tokenizer at once, and which stored set to take
         self._take_model(loaded.cfg, loaded.model.model_id, loaded.tokenizer)
         self._take_adapters(loaded.adapters)
         self.scorer, self.platform = startup.serving_scorer(self.settings, loaded)
