@@ -73,6 +73,7 @@ class ServerProcess:
         self._log = open(log_path, "w") if log_path else None
         self.url = f"http://127.0.0.1:{self.port}"
         self.lines: deque[str] = deque(maxlen=2000)
+        self.startup_timings: dict = {}  # the start's phases and counts, from its "warm-up done" log line
         self._ready = threading.Event()
         self._settled = threading.Event()  # ready, and every deferred stored executable loaded
         self._exited = threading.Event()
@@ -84,7 +85,6 @@ class ServerProcess:
         self.wait_ready(start_timeout, settle)
 
     def _read(self) -> None:
-        deferring = False  # the start deferred stored executables until after ready
         for line in self.proc.stdout:
             with self._printed:
                 self.lines.append(line)
@@ -97,12 +97,12 @@ class ServerProcess:
             except (ValueError, AttributeError):
                 continue
             if message.startswith("warm-up done"):
-                deferring = bool(record.get("timings", {}).get("deferred"))
+                self.startup_timings = record.get("timings", {})
             elif message.startswith("executable store: the") and "deferred at start loaded" in message:
                 self._settled.set()
             elif message == "ready":
                 self._ready.set()
-                if not deferring:
+                if not self.startup_timings.get("deferred"):  # nothing left to load after ready
                     self._settled.set()
         if self._log:
             self._log.close()
