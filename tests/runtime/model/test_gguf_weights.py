@@ -46,7 +46,7 @@ def test_the_embedded_models_block_types_dequantize_bit_for_bit_as_gguf_does(emb
     for kind, block_bytes, scale_bytes in (("Q4_1", 20, 4), ("Q8_0", 34, 2)):  # float16 d (and m), then q
         blocks = rng.integers(0, 256, (4096, block_bytes), dtype=np.uint8)
         scales = rng.standard_normal(4096 * 2).astype(np.float16) * np.float16(2.0) ** rng.integers(-14, 15, 4096 * 2)
-        blocks[:, :scale_bytes] = scales.view(np.uint8).reshape(4096, 4)[:, :scale_bytes]
+        blocks[:, :scale_bytes] = scales.view(np.uint8).reshape(4096, -1)[:, :scale_bytes]
         tensors = [blocks.reshape(64, -1)] + [
             data[e["offset"]:e["offset"] + e["bytes"]].view(e["dtype"]).reshape(e["shape"])
             for e in table["tensors"].values() if e["type"] == kind]
