@@ -7,6 +7,8 @@ import argparse
 import json
 import logging
 import os
+import signal
+import sys
 import tempfile
 from pathlib import Path
 
@@ -57,7 +59,15 @@ def _config_file(path: Path):
 
 # ---- main ----------------------------------------------------------------------------------------------------
 
+def unwind_on_sigterm() -> None:
+    """A SIGTERM (a benchmark stopped by `kill`) unwinds this process as an exception does, so that what it started
+    is stopped by its own cleanup: Python's default ends the process at once, and `scorefn batch` (subprocess.run,
+    which kills its child on an exception) and W3's server ran on as orphans, busy for minutes."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def main(args: argparse.Namespace) -> int:
+    unwind_on_sigterm()
     if getattr(args, "roofline", None):
         return run_roofline(args)
     # PyTorch's baselines share the GPU: JAX takes memory as it needs it instead of 75% up front.

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +33,46 @@ def test_bench_smoke_prints_the_summary_line(tiny_llama_dir):
                  "W5 rerank 4 documents",
                  "W6 multiple choice 4 items x 2 labels", "Batch file of 2 W1-32 lines in process"):
         assert line in result.stdout, result.stdout
+
+
+# A benchmark's child (as `scorefn batch` runs under subprocess.run), then a SIGTERM once the child has started.
+CHILD_UNDER_SIGTERM = """
+import os, signal, subprocess, sys, threading, time
+from runtime.tools.bench.run import unwind_on_sigterm
+pid_file = sys.argv[1]
+
+def terminate_once_started():
+    while not os.path.exists(pid_file):
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+unwind_on_sigterm()
+threading.Thread(target=terminate_once_started).start()
+started = f"import os; open({pid_file + '.tmp'!r}, 'w').write(str(os.getpid())); "
+started += f"os.rename({pid_file + '.tmp'!r}, {pid_file!r})"
+subprocess.run([sys.executable, "-c", started + "; import time; time.sleep(600)"],
+               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+"""
+
+
+def test_a_terminated_benchmark_stops_what_it_started(tmp_path):
+    # `kill` on a running benchmark once left its `scorefn batch` child busy for minutes.
+    pid_file = tmp_path / "child.pid"
+    done = subprocess.run([sys.executable, "-c", CHILD_UNDER_SIGTERM, str(pid_file)], capture_output=True, text=True,
+                          timeout=60)
+    child = int(pid_file.read_text())
+    try:
+        assert done.returncode == 128 + signal.SIGTERM, done.stderr[-2000:]
+        assert not _running(child)  # killed and reaped by the benchmark on its way out
+    finally:
+        if _running(child):  # an orphan: not left behind by a failing run either
+            os.kill(child, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for its (gone) parent's reaper."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
