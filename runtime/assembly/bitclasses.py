@@ -38,26 +38,33 @@ ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33, 40, 48, 51, 56, 63, 64, 65, 80, 96
 Shape = tuple[int, int, str]  # (inner, outer, dtype): x [M, inner] @ w [inner, outer] in dtype, float32 accumulation
 
 
-def measure(shapes: tuple[Shape, ...], counts: tuple[int, ...] = ROWS, reference: int | None = None
-            ) -> dict[Shape, tuple[int, int]]:
+def measure(shapes: tuple[Shape, ...], counts: tuple[int, ...] = ROWS, reference: int | None = None,
+            columns: bool = False) -> dict[Shape, tuple[int, int]]:
     """For each shape, the rows (of `counts`) from which and up to which every listed count gives the first and the
     last row of `x[:M] @ w` the bits they have with `reference` rows (default: the most): (lo, hi), a span of counts
-    around the reference."""
+    around the reference. `columns`: the same for the columns of `w.T @ x[:M].T` with w held [outer, inner], as the
+    vocabulary head multiplies hidden states (runtime.model.heads): its weight is the left operand."""
     reference = counts[-1] if reference is None else reference
     rng = np.random.default_rng(0)
     xs = {inner: rng.standard_normal((max(counts), inner)).astype(np.float32) for inner, _, _ in shapes}
-    ws = [rng.standard_normal((inner, outer)).astype(np.float32) for inner, outer, _ in shapes]
+    ws = [rng.standard_normal((outer, inner) if columns else (inner, outer)).astype(np.float32)
+          for inner, outer, _ in shapes]
     at = counts.index(reference)
+
+    def product(x, w):  # the rows of x @ w [M, outer], or the columns of w @ x.T [outer, M], as the head holds them
+        if columns:
+            return jax.lax.dot_general(w, x, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+    def pick(product, at):  # rows `at` of a product, or its columns (a transpose after the gather: its own copy)
+        return jnp.take(product, jnp.array(at), axis=1 if columns else 0)
 
     def rows(xs, ws):  # per shape and count: the product's first and last rows, and the reference's same rows
         out = []
         for (inner, _, dtype), w in zip(shapes, ws):
-            products = {m: jax.lax.dot_general(xs[inner][:m].astype(dtype), w.astype(dtype), (((1,), (0,)), ((), ())),
-                                               preferred_element_type=jnp.float32) for m in counts}
-            out.append([(products[m][jnp.array([0, m - 1])], products[reference][jnp.array([0, m - 1])])
-                        if m <= reference else
-                        (products[m][jnp.array([0, reference - 1])], products[reference][jnp.array([0, reference - 1])])
-                        for m in counts])
+            products = {m: product(xs[inner][:m].astype(dtype), w.astype(dtype)) for m in counts}
+            out.append([(pick(products[m], [0, min(m, reference) - 1]),
+                         pick(products[reference], [0, min(m, reference) - 1])) for m in counts])
         return out
     found = {}
     for shape, pairs in zip(shapes, jax.device_get(jax.jit(rows)(xs, ws))):
@@ -73,14 +80,15 @@ def measure(shapes: tuple[Shape, ...], counts: tuple[int, ...] = ROWS, reference
 
 
 def span(shapes: tuple[Shape, ...], cpu: str, reference: int, counts: tuple[int, ...],
-         record: Path | None = None) -> tuple[int, int]:
-    """The counts of rows around `reference` with which every one of `shapes` gives each row the bits it has with
-    `reference` rows: read from `record` when it holds these shapes for this CPU, else measured (and written there)."""
-    key = _key((*shapes, ("span", reference, counts)), cpu)
+         record: Path | None = None, columns: bool = False) -> tuple[int, int]:
+    """The counts of rows (`columns`: of columns, see `measure`) around `reference` with which every one of `shapes`
+    gives each row the bits it has with `reference` rows: read from `record` when it holds these shapes for this CPU,
+    else measured (and written there)."""
+    key = _key((*shapes, ("span", reference, counts, *(("columns",) if columns else ()))), cpu)
     recorded = _read(record).get(key) if record is not None else None
     if recorded is not None:
         return tuple(recorded)
-    spans = _measured(shapes, counts, reference).values()
+    spans = _measured(shapes, counts, reference, columns).values()
     found = (max(lo for lo, _ in spans), min(hi for _, hi in spans))
     if record is not None:
         _write(record, key, found)
@@ -102,9 +110,11 @@ def floor(shapes: tuple[Shape, ...], cpu: str, record: Path | None = None) -> in
 
 
 @functools.cache
-def _measured(shapes: tuple[Shape, ...], counts: tuple[int, ...], reference: int) -> dict[Shape, tuple[int, int]]:
-    found = measure(shapes, counts, reference)
-    log.info("matmul bit classes: %s", ", ".join(f"{i}x{o} {d}: {lo}-{hi} rows as {reference}"
+def _measured(shapes: tuple[Shape, ...], counts: tuple[int, ...], reference: int, columns: bool = False
+              ) -> dict[Shape, tuple[int, int]]:
+    found = measure(shapes, counts, reference, columns)
+    side = "columns" if columns else "rows"
+    log.info("matmul bit classes: %s", ", ".join(f"{i}x{o} {d}: {lo}-{hi} {side} as {reference}"
                                                   for (i, o, d), (lo, hi) in found.items()))
     return found
 

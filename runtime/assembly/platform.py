@@ -70,7 +70,6 @@ CPU_FORMATS = {
 # Classes whose matrix instructions multiply bfloat16 (with float32 accumulation): elsewhere bfloat16 is emulated.
 BF16_MATMUL_CLASSES = tuple(name for name, (dtype, _) in CPU_FORMATS.items() if dtype == "bfloat16")
 CPUINFO = Path("/proc/cpuinfo")
-HEAD_COUNTS = tuple(m for m in bitclasses.ROWS if m <= 256)  # rows of a head's tile the probe compares
 MAX_ISA = re.compile(r"--xla_cpu_max_isa=(\w+)")  # in XLA_FLAGS: the instruction set XLA:CPU compiles up to
 
 
@@ -309,8 +308,9 @@ def fit_to_matmuls(platform: Platform, shapes: dict[str, tuple[int, ...]], head_
         rows = bitclasses.floor(invariant.matmul_shapes(shapes, platform.dtype, kernels.attention_dtype, head_dim),
                                 host, record)
         vocab, hidden = shapes["embed"]
-        head = bitclasses.span(((hidden, vocab, "float32"), (vocab, invariant.SUM_COLUMNS, "float32")), host,
-                               invariant.TILE, HEAD_COUNTS, record)
+        # a tile's hidden states are the columns of the head's weight @ hidden.T (runtime.model.heads)
+        head = bitclasses.span(((hidden, vocab, "float32"),), host, invariant.TILE, invariant.HEAD_TILES, record,
+                               columns=True)
     return dataclasses.replace(platform, kernels=dataclasses.replace(kernels, min_rows=rows, head_rows=head))
 
 

@@ -87,29 +87,23 @@ class DecoderLayer:
 
     def _heads(self, q, k, p, rope, stream: bool):
         """q [B, T, N * E] and k [B, T, K * E] -> normed (where the family norms them) and rotated q [B, T, N, E],
-        k [B, T, K, E] in the attention dtype. `stream`: q and k are the batch-invariant stream, normed and rotated in
-        fixed tiles of tokens (runtime.model.invariant): the loop's output is materialized, so nothing that cuts or
-        gathers it fuses with the rotation (over the whole stream, fused with the attention's gathers, the rotation's
-        bits moved with the number of tokens: tiny Gemma 2, 2026-11-26)."""
+        k [B, T, K, E] in the attention dtype. `stream`: q and k are the batch-invariant stream. It rotates with
+        exact products (layers.rotate), whose bits no shape or fusion moves, over all its tokens at once; q/k norms
+        (a reduction whose order followed the number of tokens) run in fixed tiles of tokens first
+        (runtime.model.invariant)."""
         (cos, sin), local = rope
         if local is not None:  # Gemma 3: the sliding layers' own RoPE base
             cos, sin = jnp.where(p["local_rope"], local[0], cos), jnp.where(p["local_rope"], local[1], sin)
-        if stream:  # float32 out of the loop: XLA:CPU updated a bfloat16 loop output through float32, whole, per tile
-            tile = lambda xs: tuple(a[0] for a in self._normed_and_rotated(*(x[None] for x in xs), p))
-            q, k = invariant.tokenwise(tile, (q, k, cos, sin))
-        else:
-            q, k = self._normed_and_rotated(q, k, cos, sin, p)
-        return q.astype(self.attention_dtype), k.astype(self.attention_dtype)
-
-    def _normed_and_rotated(self, q, k, cos, sin, p):
-        """q and k normed where the family norms them and rotated, [B, T, N or K, E] float32."""
-        cfg = self.cfg
-        B, T, _ = q.shape
-        if cfg.qk_norm:
+        if stream and self.cfg.qk_norm:  # float32 out of the loop: XLA:CPU updated a bfloat16 loop output through
+            # float32, whole, per tile
+            q, k = invariant.tokenwise(lambda xs: tuple(a[0] for a in self._qk_normed(*(x[None] for x in xs), p)),
+                                       (q, k))
+        elif self.cfg.qk_norm:
             q, k = self._qk_normed(q, k, p)
-        q = q.reshape(B, T, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
-        return rotate(q, cos, sin), rotate(k, cos, sin)
+        B, T, _ = q.shape
+        q = rotate(q.reshape(B, T, self.cfg.num_heads, self.cfg.head_dim), cos, sin, exact_products=stream)
+        k = rotate(k.reshape(B, T, self.cfg.num_kv_heads, self.cfg.head_dim), cos, sin, exact_products=stream)
+        return q.astype(self.attention_dtype), k.astype(self.attention_dtype)
 
     def _qk_normed(self, q, k, p):
         """q [..., N * E] and k [..., K * E] normed as the family norms them: OLMo 2 over all heads at once (its

@@ -15,14 +15,15 @@ How it is avoided:
   bfloat16, on an Intel Xeon with AMX, 2026-11-26; the AMD EPYC's fell into the same classes). This one is a
   measured property of the host's kernels, not a construction: tests/runtime/model/test_invariance.py checks it end
   to end for every family and the embedded model; a host where it failed would need a start-up probe.
-- Everything else on the stream runs over fixed tiles of STREAM_TILE tokens in a loop (`tokenwise`): the norms
-  (RMSNorm before and after attention and MLP, q/k norms), the MoE router's softmax, the RoPE tables. Over all
-  tokens at once a row's bits moved with their number, differently per width (RMSNorm 576 wide at 4,096 tokens,
-  64 wide from 64, 960 wide from 5; q/k norms on tiny Gemma 3, OLMo 2 and Qwen3-MoE configs). Every tile is
-  computed by the one compiled kernel of that shape, whatever the batch or bucket, and a token's bits do not depend
-  on its place in a tile (the cascade's items start anywhere). The rotation applies to the whole stream: applied to
-  the rows cut from it, the cut fused with it and moved bits (tiny Llama, items of 8 tokens, 2026-11-26). The final
-  norm and the vocabulary head run over tiles of TILE rows.
+- The norms' sums of squares are matmuls against ones (`rms_norm`). The q/k norms, the MoE router's softmax and the
+  RoPE tables run over fixed tiles of TOKEN_TILE tokens in a loop (`tokenwise`): over all tokens at once a row's
+  bits moved with their number (q/k norms on tiny Gemma 3, OLMo 2 and Qwen3-MoE configs). Every tile is computed by
+  the one compiled kernel of that shape, whatever the batch or bucket, and a token's bits do not depend on its place
+  in a tile (the cascade's items start anywhere). The rotation runs over the whole stream with exact products
+  (runtime.model.layers.rotate): XLA:CPU contracts a product and a sum into an FMA per fusion, and
+  the rotation fused with what cut or gathered the rows moved bits (tiny Llama and Gemma, 2026-11-26 and -28); a
+  loop over tiles of tokens also kept them, at ~4 ms of one item's 45 (the embedded model, AMD EPYC Zen 4). The
+  final norm runs over tiles of TILE rows, the label head over columns (runtime.model.heads).
 - Attention runs per tile of QUERY_TILE queries over blocks of KEY_BLOCK keys at absolute positions (block j holds
   the keys at positions j * KEY_BLOCK and on), in order, with an online softmax: blocks past the queries are never
   visited, keys masked inside a block add exact zeros, so the arithmetic of a query depends only on its position
@@ -54,11 +55,14 @@ import numpy as np
 from runtime.model.attention import MASKED, visible
 
 F32 = jnp.float32
-# Tokens of a tile of `tokenwise`'s loops (the rotation and q/k norms, the RoPE tables, the router): each iteration
+# Tokens of a tile of `tokenwise`'s loops (the q/k norms, the RoPE tables, the router): each iteration
 # costs ~25 us beyond its work, so tiles are large; a tile's bits do not depend on its size, which is fixed.
 TOKEN_TILE = 128
 STREAM_ALIGN = 8  # the stream's tokens, a multiple of this
 TILE = 16  # rows of the heads' tiles (the label log-probabilities' from Kernels.head_rows: the same bits)
+# The rows a label head's tile may have (head_tile): every count up to 32, then a few, so that a tile's size is always
+# one runtime.assembly.bitclasses compared (its matmul's classes were 2-24, 25-32, 33-48, 49-64 columns: Zen 4).
+HEAD_TILES = (*range(1, 33), 48, 64, 96, 128, 192, 256)
 # The fewest rows of the kernels' matmuls (the token stream's, an attention tile's) where the host's own are not
 # measured (runtime.assembly.bitclasses): every threshold measured so far is below it (33, 51 and 63 rows).
 MIN_ROWS = 64
@@ -257,11 +261,18 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 def _last_axis_max(x: jax.Array) -> jax.Array:
     """The maximum over the last axis as elementwise maxima of halves (exact in any order): XLA:CPU's reduction
     took ~0.3 ms on an attention tile's [3, 72, 32] scores, 40% of one item's attention."""
-    while x.shape[-1] > 1:
-        half = x.shape[-1] // 2
-        top = jnp.maximum(x[..., :half], x[..., half:2 * half])
-        x = top if x.shape[-1] % 2 == 0 else jnp.concatenate([top, x[..., 2 * half:]], axis=-1)
-    return x[..., 0]
+    return _halved(jnp.maximum, x, x.ndim - 1)
+
+
+def _halved(op: Callable, x: jax.Array, axis: int) -> jax.Array:
+    """x reduced over `axis` by `op` of its halves, then of theirs, ...: elementwise, so every element is combined in
+    the same order whatever the other axes hold (a reduction's order followed their sizes)."""
+    while x.shape[axis] > 1:
+        half = x.shape[axis] // 2
+        cut = lambda start, stop: jax.lax.slice_in_dim(x, start, stop, axis=axis)
+        top = op(cut(0, half), cut(half, 2 * half))
+        x = top if x.shape[axis] % 2 == 0 else jnp.concatenate([top, cut(2 * half, x.shape[axis])], axis=axis)
+    return jnp.squeeze(x, axis)
 
 
 def matmul_shapes(shapes: dict[str, tuple[int, ...]], dtype: str, attention_dtype: str, head_dim: int
@@ -284,15 +295,15 @@ def matmul_shapes(shapes: dict[str, tuple[int, ...]], dtype: str, attention_dtyp
     return tuple(sorted(found))
 
 
-def logsumexp(x: jax.Array) -> jax.Array:
-    """log(sum(exp(x))) over the last axis of rows x [M, V]: the maximum (exact in any order), then the sum of the
-    exponentials as a matmul against ones (a reduction's order followed the number of rows)."""
-    top = jnp.max(x, axis=-1)
-    sums = row_sums(jnp.exp(x - top[:, None]))[:, 0]
-    return top + jnp.log(sums)
+def logsumexp_columns(x: jax.Array) -> jax.Array:
+    """log(sum(exp(x))) over the first axis of columns x [V, C]: the maximum (exact in any order), then the sum of the
+    exponentials by halves (`_halved`), so a column's bits do not depend on how many there are."""
+    top = jnp.max(x, axis=0)
+    return top + jnp.log(_halved(jnp.add, jnp.exp(x - top), 0))
 
 
 def head_tile(rows: int, span: tuple[int, int]) -> int:
-    """Rows of a head's tile for a batch of `rows`: all of them within `span` (Kernels.head_rows: the counts that give
-    a row the same bits), else the nearest end of it."""
-    return min(max(rows, span[0]), span[1])
+    """Rows of a head's tile for a batch of `rows`: the fewest of HEAD_TILES that hold them, within `span`
+    (Kernels.head_rows: the counts that give a row the same bits, both among HEAD_TILES), else its nearest end."""
+    fits = next((t for t in HEAD_TILES if t >= rows), HEAD_TILES[-1])
+    return min(max(fits, span[0]), span[1])

@@ -33,14 +33,26 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * weight.astype(F32)
 
 
-def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array, exact_products: bool = False) -> jax.Array:
     """Rotary embedding in the Hugging Face (rotate-half) layout; x [B, T, N, E], cos/sin [B, T, R]: the first R
-    dims of each head rotate, the rest pass (partial rotary, Phi-3 / Phi-4-mini)."""
+    dims of each head rotate, the rest pass (partial rotary, Phi-3 / Phi-4-mini).
+
+    `exact_products`: both products exact (in float64, which holds a product of two float32 exactly), then summed
+    and rounded, so that an element's bits never depend on the shape or the fusion it is computed in (CPU only:
+    accelerators have no fast float64). Otherwise XLA:CPU contracts a product and the sum into an FMA per fusion, and
+    the rotation fused with different consumers moved a token's bits (the batch-invariant stream, 2026-11-26/28);
+    jax.lax.optimization_barrier does not stop it (XLA:CPU drops barriers before fusing)."""
     R = cos.shape[-1]
     rot, rest = (x, None) if R == x.shape[-1] else (x[..., :R], x[..., R:])
     half = R // 2
     rotated = jnp.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
-    out = rot * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    if exact_products:
+        with jax.enable_x64(True):
+            f64 = jnp.float64
+            out = (rot.astype(f64) * cos[:, :, None, :].astype(f64)
+                   + rotated.astype(f64) * sin[:, :, None, :].astype(f64)).astype(rot.dtype)
+    else:
+        out = rot * cos[:, :, None, :] + rotated * sin[:, :, None, :]
     return out if rest is None else jnp.concatenate([out, rest.astype(out.dtype)], axis=-1)
 
 

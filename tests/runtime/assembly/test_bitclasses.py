@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from runtime.model import invariant
+from runtime.model import heads, invariant
 from runtime.model.config import config_from_hf
 from runtime.model.params import array_shapes
 from runtime.assembly import bitclasses
@@ -35,6 +35,23 @@ def test_rows_from_the_floor_keep_their_bits_at_counts_the_probe_did_not_try():
         w = w.astype(np.float32)
         rows = {m: first_row(x, w, dtype, m) for m in (floor, floor + 5, 2 * floor + 7, 3000)}
         assert all(np.array_equal(r, rows[3000]) for r in rows.values()), (inner, outer, dtype, floor)
+
+
+def test_the_label_head_gives_a_row_the_same_bits_in_any_batch():
+    """runtime.model.heads with the tiles the host's column classes allow (hidden states are the columns of
+    weight @ hidden.T): a row's label log-probabilities alone and among 1 to 70 others, at any place."""
+    lo, hi = bitclasses.span(((64, 4096, "float32"),), "test", invariant.TILE, invariant.HEAD_TILES, columns=True)
+    assert lo <= invariant.TILE <= hi and {lo, hi} <= set(invariant.HEAD_TILES)
+    rng = np.random.default_rng(1)
+    head = heads.VocabHead(jnp.asarray(rng.standard_normal((4096, 64)), jnp.float32), 1.0, None, (lo, hi))
+    hidden = rng.standard_normal((71, 64)).astype(np.float32)
+    labels = rng.integers(0, 4096, (71, 4)).astype(np.int32)
+    scored = jax.jit(lambda h, l: heads.label_logprobs(head, h, l))
+    alone = np.asarray(scored(hidden[:1], labels[:1]))[0]
+    for rows in sorted({2, 3, lo + 1, hi - 1, hi, hi + 1, 2 * hi + 3, 71} - {0, 1}):
+        assert np.array_equal(np.asarray(scored(hidden[:rows], labels[:rows]))[0], alone), (rows, lo, hi)
+        last = np.asarray(scored(np.roll(hidden[:rows], -1, 0), np.roll(labels[:rows], -1, 0)))[rows - 1]
+        assert np.array_equal(last, alone), (rows, lo, hi)
 
 
 def test_a_span_holds_its_reference_and_the_floor_is_recorded_and_read_back(tmp_path, monkeypatch):
