@@ -76,3 +76,14 @@ def _running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def test_short_runs_are_repeated_until_they_add_up_to_the_minimum_time(monkeypatch):
+    from runtime.tools.bench import measure
+    ticks = iter(range(100_000))
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(ticks) / 64)  # every run takes 1/64 s
+    calls = []
+    assert len(measure.timed_runs(lambda: calls.append(1), 5)) == 5
+    assert len(measure.timed_runs(lambda: calls.append(1), 5, min_seconds=30 / 64)) == 30
+    assert len(measure.timed_runs(lambda: calls.append(1), 5, min_seconds=60.0)) == 100  # at most 100
+    assert len(calls) == 3 + 5 + 30 + 100  # and one warm-up each
