@@ -21,8 +21,8 @@ How it is avoided:
   the one compiled kernel of that shape, whatever the batch or bucket, and a token's bits do not depend on its place
   in a tile (the cascade's items start anywhere). The rotation runs over the whole stream with exact products
   (runtime.model.layers.rotate): XLA:CPU contracts a product and a sum into an FMA per fusion, and
-  the rotation fused with what cut or gathered the rows moved bits (tiny Llama and Gemma, 2026-11-26 and -28); a
-  loop over tiles of tokens also kept them, at ~4 ms of one item's 45 (the embedded model, AMD EPYC Zen 4). The
+  the rotation fused with what cut or gathered the rows moved bits (tiny Llama and Gemma, 2026-11-26 and -28). A
+  loop over tiles of tokens kept them too, at ~4 ms of one item's 45 (the embedded model, AMD EPYC Zen 4). The
   final norm runs over tiles of TILE rows, the label head over columns (runtime.model.heads).
 - Attention runs per tile of QUERY_TILE queries over blocks of KEY_BLOCK keys at absolute positions (block j holds
   the keys at positions j * KEY_BLOCK and on), in order, with an online softmax: blocks past the queries are never
@@ -32,8 +32,8 @@ How it is avoided:
   straddles the prefix's end takes its first keys from the prefix and the rest from the row (`causal`'s context),
   so each query visits the blocks of a row holding the whole sequence.
 - XLA:CPU contracts multiply-adds into FMAs per fusion (measured 2026-11-25): values that reach the loops above are
-  gathered inside them, never padded or cut beforehand, so that what computes them (the rotation) is not fused
-  with a pad of a different shape in each program.
+  gathered inside them, never padded or cut beforehand, so that what computes them is not fused with a pad of a
+  different shape in each program (the rotation, the first found, no longer depends on it: its products are exact).
 - Per-position log-probabilities (/v1/completions) read the vocabulary head over fixed tiles of POSITION_TILE
   positions; the token drawn at a temperature, over tiles of TILE rows.
 A mesh with only a data axis runs this program on each device's rows (runtime.assembly.sharding), so its bits are one
