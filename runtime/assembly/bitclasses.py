@@ -42,7 +42,7 @@ def measure(shapes: tuple[Shape, ...], counts: tuple[int, ...] = ROWS, reference
             columns: bool = False) -> dict[Shape, tuple[int, int]]:
     """For each shape, the rows (of `counts`) from which and up to which every listed count gives the first and the
     last row of `x[:M] @ w` the bits they have with `reference` rows (default: the most): (lo, hi), a span of counts
-    around the reference. `columns`: the same for the columns of `w.T @ x[:M].T` with w held [outer, inner], as the
+    around the reference. `columns`: the same for the columns of `w @ x[:M].T` with w held [outer, inner], as the
     vocabulary head multiplies hidden states (runtime.model.heads): its weight is the left operand."""
     reference = counts[-1] if reference is None else reference
     rng = np.random.default_rng(0)
@@ -56,7 +56,7 @@ def measure(shapes: tuple[Shape, ...], counts: tuple[int, ...] = ROWS, reference
             return jax.lax.dot_general(w, x, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
-    def pick(product, at):  # rows `at` of a product, or its columns (a transpose after the gather: its own copy)
+    def pick(product, at):  # rows `at` of a product, or its columns (never transposed: XLA would lay the dot out anew)
         return jnp.take(product, jnp.array(at), axis=1 if columns else 0)
 
     def rows(xs, ws):  # per shape and count: the product's first and last rows, and the reference's same rows

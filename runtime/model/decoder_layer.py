@@ -94,8 +94,7 @@ class DecoderLayer:
         (cos, sin), local = rope
         if local is not None:  # Gemma 3: the sliding layers' own RoPE base
             cos, sin = jnp.where(p["local_rope"], local[0], cos), jnp.where(p["local_rope"], local[1], sin)
-        if stream and self.cfg.qk_norm:  # float32 out of the loop: XLA:CPU updated a bfloat16 loop output through
-            # float32, whole, per tile
+        if stream and self.cfg.qk_norm:  # float32 out of the loop (a bfloat16 one was updated through float32)
             q, k = invariant.tokenwise(lambda xs: tuple(a[0] for a in self._qk_normed(*(x[None] for x in xs), p)),
                                        (q, k))
         elif self.cfg.qk_norm:

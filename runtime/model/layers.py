@@ -46,13 +46,13 @@ def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array, exact_products: bool = 
     rot, rest = (x, None) if R == x.shape[-1] else (x[..., :R], x[..., R:])
     half = R // 2
     rotated = jnp.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     if exact_products:
         with jax.enable_x64(True):
-            f64 = jnp.float64
-            out = (rot.astype(f64) * cos[:, :, None, :].astype(f64)
-                   + rotated.astype(f64) * sin[:, :, None, :].astype(f64)).astype(rot.dtype)
+            wide = lambda a: a.astype(jnp.float64)
+            out = (wide(rot) * wide(cos) + wide(rotated) * wide(sin)).astype(rot.dtype)
     else:
-        out = rot * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+        out = rot * cos + rotated * sin
     return out if rest is None else jnp.concatenate([out, rest.astype(out.dtype)], axis=-1)
 
 

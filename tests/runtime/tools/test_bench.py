@@ -1,4 +1,5 @@
-"""The benchmark's quick path runs end to end and ends with its JSON summary line."""
+"""`scorefn bench`: its quick path runs end to end and ends with its JSON summary line, a SIGTERM stops what it
+started, and short timings repeat up to their minimum time."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from runtime.tools.bench import measure
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +82,6 @@ def _running(pid: int) -> bool:
 
 
 def test_short_runs_are_repeated_until_they_add_up_to_the_minimum_time(monkeypatch):
-    from runtime.tools.bench import measure
     ticks = iter(range(100_000))
     monkeypatch.setattr(measure.time, "perf_counter", lambda: next(ticks) / 64)  # every run takes 1/64 s
     calls = []
