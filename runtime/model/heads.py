@@ -33,6 +33,10 @@ class VocabHead:
     divisor: float  # Granite divides the logits
     softcap: float | None  # Gemma 2/3 soft-cap them
     invariant_rows: tuple[int, int] | None  # the batch-invariant kernels' head rows (Kernels.head_rows), or None
+    # token_logprobs' operands at every position: the model's format, accumulated in float32, as transformers reads
+    # them (bfloat16: 0.35 s of a 2.6 s batch of 8 x 256 positions, and its error against transformers float32 still
+    # a third of transformers bfloat16's: AMD EPYC Zen 4, 2026-11-28). Labels' log-probabilities read float32.
+    positions_dtype: jnp.dtype = jnp.dtype(F32)
 
     def final(self, logits: jax.Array) -> jax.Array:
         if self.divisor != 1.0:
@@ -77,12 +81,12 @@ def token_logprobs(head: VocabHead, h: jax.Array, pooled: jax.Array, tokens: jax
     float32 logits (batch-invariant kernels: fixed tiles of positions); a chosen token's log-probability and its
     top-k entry are the same float."""
     B, T = tokens.shape
-    weight = head.weight  # [V, D]
+    weight = head.weight.astype(head.positions_dtype)  # [V, D], cast once for every tile
     targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1), tokens.dtype)], axis=1)  # next token [B, T]
 
     def read(xs):
         h_c, t_c = xs  # [B, c, D], [B, c]
-        logits = head.final(jnp.einsum("bcd,vd->bcv", h_c, weight, preferred_element_type=F32))
+        logits = head.final(jnp.einsum("bcd,vd->bcv", h_c.astype(weight.dtype), weight, preferred_element_type=F32))
         lse = jax.nn.logsumexp(logits, axis=-1)
         chosen = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0] - lse
         top_values, top_ids = _top_k(logits, TOP_K)
@@ -109,7 +113,7 @@ def token_logprobs(head: VocabHead, h: jax.Array, pooled: jax.Array, tokens: jax
     greedy_logprob = jnp.take_along_axis(top_logprobs, last[:, None, None], axis=1)[:, 0, 0]
     # Drawn at a temperature: from the last position's whole distribution, with the row's own generator.
     last_logprobs = rows(lambda x: jax.nn.log_softmax(
-        head.final(jnp.einsum("bd,vd->bv", x, weight, preferred_element_type=F32))), pooled)
+        head.final(jnp.einsum("bd,vd->bv", x.astype(weight.dtype), weight, preferred_element_type=F32))), pooled)
     drawn = jax.vmap(lambda s, lp, t: jax.random.categorical(jax.random.key(s), lp / t))(
         seed, last_logprobs, jnp.maximum(temperature, 1e-6))
     sample = temperature > 0

@@ -255,7 +255,7 @@ class Transformer(nnx.Module):
         """The vocabulary projection (the embedding when the model ties them) and the family's logit changes."""
         weight = self.embed[...] if self.lm_head is None else self.lm_head[...]
         return heads.VocabHead(weight, self.cfg.logits_divisor, self.cfg.final_softcap,
-                               self.kernels.head_rows if self.kernels.batch_invariant else None)
+                               self.kernels.head_rows if self.kernels.batch_invariant else None, self.dtype)
 
     def label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
         """hidden [B, D], labels [B, L] (per row) -> log P(label) over the full vocabulary [B, L] float32."""
