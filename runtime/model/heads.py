@@ -33,10 +33,12 @@ class VocabHead:
     divisor: float  # Granite divides the logits
     softcap: float | None  # Gemma 2/3 soft-cap them
     invariant_rows: tuple[int, int] | None  # the batch-invariant kernels' head rows (Kernels.head_rows), or None
-    # token_logprobs' operands at every position: the model's format, accumulated in float32, as transformers reads
-    # them (bfloat16: 0.35 s of a 2.6 s batch of 8 x 256 positions, and its error against transformers float32 still
-    # a third of transformers bfloat16's: AMD EPYC Zen 4, 2026-11-28). Labels' log-probabilities read float32.
-    positions_dtype: jnp.dtype = jnp.dtype(F32)
+    # What token_logprobs multiplies at every position (None: `weight`): the weight transposed [D, V] in the model's
+    # format, accumulated in float32, as transformers reads it (bfloat16: 0.3 s less of a 2.5 s batch of 8 x 256
+    # positions, its error against transformers float32 still a third of transformers bfloat16's: AMD EPYC Zen 4,
+    # 2026-11-28). [D, V]: XLA:CPU laid a bfloat16 [V, D] out as [D, V] with a copy on every call (~15 ms). Labels'
+    # log-probabilities read `weight`, float32.
+    positions_weight: jax.Array | None = None
 
     def final(self, logits: jax.Array) -> jax.Array:
         if self.divisor != 1.0:
@@ -77,16 +79,20 @@ def token_logprobs(head: VocabHead, h: jax.Array, pooled: jax.Array, tokens: jax
     """Every position's next-token distribution from the trunk's hidden states h [B, T, D] (before the final
     norm; `pooled` [B, D]: each row's last position, normed, as the trunk pools it), read without materializing
     [B, T, V] logits at once; the outputs of Transformer.token_logprobs.
-    The vocabulary projection runs over chunks of positions (a scan), each at most HEAD_CHUNK_BYTES of
-    float32 logits (batch-invariant kernels: fixed tiles of positions); a chosen token's log-probability and its
-    top-k entry are the same float."""
+    The vocabulary projection (head.positions_weight's dtype, accumulated in float32) runs over chunks of
+    positions (a scan), each at most HEAD_CHUNK_BYTES of float32 logits (batch-invariant kernels: fixed tiles of
+    positions); a chosen token's log-probability and its top-k entry are the same float."""
     B, T = tokens.shape
-    weight = head.weight.astype(head.positions_dtype)  # [V, D], cast once for every tile
+    if head.positions_weight is None:
+        project = lambda h_c: jnp.einsum("bcd,vd->bcv", h_c, head.weight, preferred_element_type=F32)
+    else:
+        weight = head.positions_weight  # [D, V]
+        project = lambda h_c: jnp.einsum("bcd,dv->bcv", h_c.astype(weight.dtype), weight, preferred_element_type=F32)
     targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1), tokens.dtype)], axis=1)  # next token [B, T]
 
     def read(xs):
         h_c, t_c = xs  # [B, c, D], [B, c]
-        logits = head.final(jnp.einsum("bcd,vd->bcv", h_c.astype(weight.dtype), weight, preferred_element_type=F32))
+        logits = head.final(project(h_c))
         lse = jax.nn.logsumexp(logits, axis=-1)
         chosen = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0] - lse
         top_values, top_ids = _top_k(logits, TOP_K)
@@ -99,7 +105,7 @@ def token_logprobs(head: VocabHead, h: jax.Array, pooled: jax.Array, tokens: jax
         flat = invariant.rowwise(read_tile, (h.reshape(B * T, -1), targets.reshape(B * T)), invariant.POSITION_TILE)
         next_logprobs, top_ids, top_logprobs = (a.reshape(B, T, *a.shape[1:]) for a in flat)
     else:
-        chunk = _positions_per_chunk(B, T, weight.shape[0])
+        chunk = _positions_per_chunk(B, T, head.weight.shape[0])
 
         def chunked(x):  # [B, T, ...] -> [T / c, B, c, ...]
             return jnp.moveaxis(x.reshape(B, T // chunk, chunk, *x.shape[2:]), 1, 0)
@@ -111,9 +117,9 @@ def token_logprobs(head: VocabHead, h: jax.Array, pooled: jax.Array, tokens: jax
     last = lengths - 1
     greedy = jnp.take_along_axis(top_ids, last[:, None, None], axis=1)[:, 0, 0]
     greedy_logprob = jnp.take_along_axis(top_logprobs, last[:, None, None], axis=1)[:, 0, 0]
-    # Drawn at a temperature: from the last position's whole distribution, with the row's own generator.
+    # Drawn at a temperature: from the last position's whole distribution (float32), with the row's own generator.
     last_logprobs = rows(lambda x: jax.nn.log_softmax(
-        head.final(jnp.einsum("bd,vd->bv", x.astype(weight.dtype), weight, preferred_element_type=F32))), pooled)
+        head.final(jnp.einsum("bd,vd->bv", x, head.weight, preferred_element_type=F32))), pooled)
     drawn = jax.vmap(lambda s, lp, t: jax.random.categorical(jax.random.key(s), lp / t))(
         seed, last_logprobs, jnp.maximum(temperature, 1e-6))
     sample = temperature > 0

@@ -86,6 +86,16 @@ class Transformer(nnx.Module):
         self.final_norm = param(declared["final_norm"])  # [D]
         self.lm_head = param(declared["lm_head"]) if "lm_head" in declared else None  # [V, D], None when tied
         self.score_head = param(declared["score_head"]) if "score_head" in declared else None  # [labels, D]
+        # Every position's head (token_logprobs) multiplies the vocabulary weight in the model's format: a copy made once
+        # here, transposed (heads.VocabHead.positions_weight; cast inside the program, it cost ~17 ms a call, as much
+        # as one short prompt's whole head); None where the format is float32 or nothing reads positions.
+        # Declared (no checkpoint holds it) so that a mesh splits its vocabulary as the embedding's.
+        vocab = self.embed if self.lm_head is None else self.lm_head
+        in_format = self.dtype != jnp.dtype(F32) and cfg.task == "causal_lm"
+        self.positions_head = nnx.Variable(vocab[...].T.astype(self.dtype)) if in_format else None  # [D, V]
+        if in_format:
+            self.declared += (params.ParamInfo("positions_head", (cfg.hidden_size, cfg.vocab_size),
+                                               (params.EMBED, params.VOCAB), None, None),)
         stacked = sorted((info for info in declared.values() if info.stacked), key=lambda info: info.name)
         if self.kernels.unroll:
             # Each layer's weights are parameters of their own: an unrolled loop over stacked weights copied each
@@ -255,7 +265,8 @@ class Transformer(nnx.Module):
         """The vocabulary projection (the embedding when the model ties them) and the family's logit changes."""
         weight = self.embed[...] if self.lm_head is None else self.lm_head[...]
         return heads.VocabHead(weight, self.cfg.logits_divisor, self.cfg.final_softcap,
-                               self.kernels.head_rows if self.kernels.batch_invariant else None, self.dtype)
+                               self.kernels.head_rows if self.kernels.batch_invariant else None,
+                               None if self.positions_head is None else self.positions_head[...])
 
     def label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
         """hidden [B, D], labels [B, L] (per row) -> log P(label) over the full vocabulary [B, L] float32."""
