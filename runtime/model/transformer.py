@@ -86,13 +86,12 @@ class Transformer(nnx.Module):
         self.final_norm = param(declared["final_norm"])  # [D]
         self.lm_head = param(declared["lm_head"]) if "lm_head" in declared else None  # [V, D], None when tied
         self.score_head = param(declared["score_head"]) if "score_head" in declared else None  # [labels, D]
-        # Every position's head (token_logprobs) multiplies the vocabulary weight in the model's format: a copy made once
-        # here, transposed (heads.VocabHead.positions_weight; cast inside the program, it cost ~17 ms a call, as much
-        # as one short prompt's whole head); None where the format is float32 or nothing reads positions.
+        # Every position's head (token_logprobs) multiplies the vocabulary weight in the model's format: a copy made
+        # once here, transposed (heads.VocabHead.positions_weight; cast inside the program, it cost ~17 ms a call, as
+        # much as one short prompt's whole head); None where the format is float32 or nothing reads positions.
         # Declared (no checkpoint holds it) so that a mesh splits its vocabulary as the embedding's.
-        vocab = self.embed if self.lm_head is None else self.lm_head
         in_format = self.dtype != jnp.dtype(F32) and cfg.task == "causal_lm"
-        self.positions_head = nnx.Variable(vocab[...].T.astype(self.dtype)) if in_format else None  # [D, V]
+        self.positions_head = nnx.Variable(self._vocab_weight().T.astype(self.dtype)) if in_format else None  # [D,V]
         if in_format:
             self.declared += (params.ParamInfo("positions_head", (cfg.hidden_size, cfg.vocab_size),
                                                (params.EMBED, params.VOCAB), None, None),)
@@ -261,10 +260,13 @@ class Transformer(nnx.Module):
         last = jnp.take(h.reshape(R * W, D), last_index, axis=0)  # [M, D]
         return self._normed(last)
 
+    def _vocab_weight(self) -> jax.Array:
+        """The vocabulary projection's weight [V, D]: the embedding when the model ties them."""
+        return (self.embed if self.lm_head is None else self.lm_head)[...]
+
     def _vocab_head(self) -> heads.VocabHead:
         """The vocabulary projection (the embedding when the model ties them) and the family's logit changes."""
-        weight = self.embed[...] if self.lm_head is None else self.lm_head[...]
-        return heads.VocabHead(weight, self.cfg.logits_divisor, self.cfg.final_softcap,
+        return heads.VocabHead(self._vocab_weight(), self.cfg.logits_divisor, self.cfg.final_softcap,
                                self.kernels.head_rows if self.kernels.batch_invariant else None,
                                None if self.positions_head is None else self.positions_head[...])
 

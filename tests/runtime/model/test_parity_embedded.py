@@ -13,6 +13,7 @@ from runtime.assembly.platform import CPU_CLASS_NAMES, cpu_format, fit_to_matmul
 from runtime.settings import load_settings
 from tests.conftest import assert_bfloat16_within_baseline, torch_label_logprobs
 from tests.runtime.conftest import scorer_for, small_plan
+from tests.runtime.model.test_token_logprobs import torch_log_softmax
 from tests.runtime.model.test_parity_tiny import ACCELERATOR
 
 PARIS, LONDON = 7042, 4528
@@ -114,20 +115,14 @@ def test_tokenizer_matches_transformers_gguf_tokenizer(embedded_dir, torch_embed
 
 def _every_position(model, sequences) -> np.ndarray:
     """transformers' log-probability of each next token, every position of every sequence, float64."""
-    import torch
-
-    out = []
-    with torch.no_grad():
-        for sequence in sequences:
-            logprobs = torch.log_softmax(model(torch.tensor([sequence])).logits[0].double(), dim=-1)
-            out.append(logprobs[torch.arange(len(sequence) - 1), torch.tensor(sequence[1:])].numpy())
-    return np.concatenate(out)
+    return np.concatenate([torch_log_softmax(model, sequence)[np.arange(len(sequence) - 1), sequence[1:]]
+                           for sequence in sequences])
 
 
 def test_every_positions_bfloat16_logprobs_are_within_the_rule(embedded_dir, many, torch_embedded,
                                                              torch_embedded_bfloat16):
     """/v1/completions' echoed log-probabilities in bfloat16, the head at every position in bfloat16 as transformers
-    reads it (runtime.model.heads.VocabHead.positions_dtype), with this host's bfloat16 kernels: within the relative
+    reads it (runtime.model.heads.VocabHead.positions_weight), with this host's bfloat16 kernels: within the relative
     rule on the plausible positions. (AMD EPYC Zen 4, 2026-11-28, 702 positions: scorefn 0.018 / 0.082 / 0.119 with
     the bfloat16 head, 0.016 / 0.077 / 0.115 with a float32 one; transformers bfloat16 0.046 / 0.159 / 0.274.)"""
     sequences = many[0]
