@@ -66,12 +66,19 @@ HEAD_TILES = (*range(1, 33), 48, 64, 96, 128, 192, 256)
 # The fewest rows of the kernels' matmuls (the token stream's, an attention tile's) where the host's own are not
 # measured (runtime.assembly.bitclasses): every threshold measured so far is below it (33, 51 and 63 rows).
 MIN_ROWS = 64
-QUERY_TILE_MAX = 256  # queries of an attention tile at most (a row up to this long is one tile)
+# Queries of an attention tile at most (a row up to this long is one tile). A tile visits the key blocks up to its
+# last query: a 256-token row as one tile ran every query over its 4 blocks (16 tile-blocks of 64 queries), as tiles
+# of 64 it runs 10. /v1/completions' 8 x 256 positions 1,976 -> 1,909 ms, the same bits (a query's bits do not depend
+# on its tile: AMD EPYC Zen 4, 2026-11-28); tiles of 32 gained nothing more.
+QUERY_TILE_MAX = 64
 # Keys of an attention block, at absolute positions (a multiple of them). 64: a score matmul [rows, E] x [E, 64] and
 # the weighted values' [rows, 64] x [64, E] keep their bits from 1 row (E = 16, 32, 64), where 32 keys or E + 1 value
 # columns needed 51 rows (XLA:CPU, float32, Intel Xeon with AVX-512, 2026-11-27): the floor of every stream's rows.
 KEY_BLOCK = 64
-POSITION_TILE = 64  # positions of a tile of per-position log-probabilities (each tile reads the vocabulary head)
+# Positions of a tile of per-position log-probabilities (each tile reads the whole vocabulary head): the embedded
+# model's [128, 576] x [576, 49152] bfloat16 head ran at ~350 GFLOP/s where 64 positions ran at 230-280 and 256 at
+# ~280 (AMD EPYC Zen 4, 2026-11-28); 8 x 256 positions 1,909 -> 1,822 ms, the same bits.
+POSITION_TILE = 128
 
 
 def flatten(x: jax.Array, tokens: int | None = None, min_tokens: int = 1, align: int = STREAM_ALIGN) -> jax.Array:
