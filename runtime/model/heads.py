@@ -79,7 +79,7 @@ def token_logprobs(head: VocabHead, h: jax.Array, pooled: jax.Array, tokens: jax
     """Every position's next-token distribution from the trunk's hidden states h [B, T, D] (before the final
     norm; `pooled` [B, D]: each row's last position, normed, as the trunk pools it), read without materializing
     [B, T, V] logits at once; the outputs of Transformer.token_logprobs.
-    The vocabulary projection (head.positions_weight's dtype, accumulated in float32) runs over chunks of
+    The vocabulary projection (head.positions_weight, else head.weight; accumulated in float32) runs over chunks of
     positions (a scan), each at most HEAD_CHUNK_BYTES of float32 logits (batch-invariant kernels: fixed tiles of
     positions); a chosen token's log-probability and its top-k entry are the same float."""
     B, T = tokens.shape

@@ -87,14 +87,14 @@ class Transformer(nnx.Module):
         self.lm_head = param(declared["lm_head"]) if "lm_head" in declared else None  # [V, D], None when tied
         self.score_head = param(declared["score_head"]) if "score_head" in declared else None  # [labels, D]
         # Every position's head (token_logprobs) multiplies the vocabulary weight in the model's format: a copy made
-        # once here, transposed (heads.VocabHead.positions_weight; cast inside the program, it cost ~17 ms a call, as
-        # much as one short prompt's whole head); None where the format is float32 or nothing reads positions.
-        # Declared (no checkpoint holds it) so that a mesh splits its vocabulary as the embedding's.
-        in_format = self.dtype != jnp.dtype(F32) and cfg.task == "causal_lm"
-        self.positions_head = nnx.Variable(self._vocab_weight().T.astype(self.dtype)) if in_format else None  # [D,V]
-        if in_format:
+        # once here, transposed (why: heads.VocabHead.positions_weight); None where the format is float32 or nothing
+        # reads positions. Declared (no checkpoint holds it) so that a mesh splits its vocabulary as the embedding's.
+        if self.dtype != jnp.dtype(F32) and cfg.task == "causal_lm":
+            self.positions_head = nnx.Variable(self._vocab_weight().T.astype(self.dtype))  # [D, V]
             self.declared += (params.ParamInfo("positions_head", (cfg.hidden_size, cfg.vocab_size),
                                                (params.EMBED, params.VOCAB), None, None),)
+        else:
+            self.positions_head = None
         stacked = sorted((info for info in declared.values() if info.stacked), key=lambda info: info.name)
         if self.kernels.unroll:
             # Each layer's weights are parameters of their own: an unrolled loop over stacked weights copied each
