@@ -3,7 +3,9 @@ and top 5 (as /v1/completions echoes them), against transformers computing the s
 
 from __future__ import annotations
 
-from runtime.tools.bench.measure import invariance_cost, summarize, timed_runs
+import functools
+
+from runtime.tools.bench.measure import alternating_runs, invariance_cost, summarize
 from runtime.tools.workloads import W4_SIZE, w4_prompts
 
 
@@ -13,13 +15,13 @@ def run_w4(scorer, baselines: dict, vocab: int, smoke: bool, quick: bool, invari
     prompts, tokens, top_k = (4, 32, W4_SIZE[2]) if smoke else W4_SIZE
     sequences = w4_prompts(vocab, prompts, tokens)
     runs = 2 if quick else 5
-    entry = {"prompts": prompts, "tokens": tokens,
-             "scorefn": summarize(timed_runs(lambda: scorer.token_logprobs(sequences), runs), prompts)}
+    fns = {"scorefn": lambda: scorer.token_logprobs(sequences)}
+    fns.update({f"torch_{dt}": functools.partial(torch_scorer.token_logprobs, sequences, top_k)
+                for dt, torch_scorer in baselines.items()})
+    times = alternating_runs(fns, {name: runs if name == "scorefn" else 2 for name in fns})
+    entry = {"prompts": prompts, "tokens": tokens, **{name: summarize(t, prompts) for name, t in times.items()}}
     entry["scorefn"]["invariance_cost"] = invariance_cost(invariant_and_not, lambda s: s.token_logprobs(sequences),
                                                           runs)
-    for dt, torch_scorer in baselines.items():
-        entry[f"torch_{dt}"] = summarize(timed_runs(lambda: torch_scorer.token_logprobs(sequences, top_k),
-                                                    max(1, runs // 2)), prompts)
     for row in entry.values():
         if isinstance(row, dict):
             row["tokens_per_s"] = row["items_per_s"] * tokens

@@ -27,6 +27,24 @@ def timed_runs(fn, repeats: int, warmup: int = 1, min_seconds: float = 0.0) -> l
     return out
 
 
+def alternating_runs(fns: dict, runs: dict, warmup: int = 1) -> dict[str, list[float]]:
+    """The times of each of `fns` (name -> fn), run in turns after `warmup` runs each, runs[name] of each (a slow
+    baseline fewer): a slow spell of the host (1.4-1.7x for a minute on a 2-core cloud VM) then falls on both sides
+    of a ratio, where timing one side after the other let it decide the ratio (W4 read 1.29x and 1.56x
+    transformers in two runs of the same code)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for turn in range(max(runs.values())):
+        for name, fn in fns.items():
+            if turn < runs[name]:
+                started = time.perf_counter()
+                fn()
+                out[name].append(time.perf_counter() - started)
+    return out
+
+
 def invariance_cost(scorers, run, runs: int) -> float:
     """Median time of `run(scorer)` with the batch-invariant kernels over without (scorers: (invariant, not)),
     alternating runs in this process so that both see the same machine."""

@@ -1,5 +1,5 @@
 """`scorefn bench`: its quick path runs end to end and ends with its JSON summary line, a SIGTERM stops what it
-started, and short timings repeat up to their minimum time."""
+started, short timings repeat up to their minimum time, and a workload alternates with its baselines."""
 
 from __future__ import annotations
 
@@ -89,3 +89,13 @@ def test_short_runs_are_repeated_until_they_add_up_to_the_minimum_time(monkeypat
     assert len(measure.timed_runs(lambda: calls.append(1), 5, min_seconds=30 / 64)) == 30
     assert len(measure.timed_runs(lambda: calls.append(1), 5, min_seconds=60.0)) == 100  # at most 100
     assert len(calls) == 3 + 5 + 30 + 100  # and one warm-up each
+
+
+def test_a_workload_and_its_baselines_run_in_turns():
+    """scorefn and a baseline alternate after one warm run each, a slow baseline fewer times: a slow spell of the
+    host falls on both sides of their ratio."""
+    calls = []
+    times = measure.alternating_runs({"scorefn": lambda: calls.append("s"), "torch": lambda: calls.append("t")},
+                                     {"scorefn": 3, "torch": 2})
+    assert calls == ["s", "t", "s", "t", "s", "t", "s"]
+    assert {name: len(t) for name, t in times.items()} == {"scorefn": 3, "torch": 2}
