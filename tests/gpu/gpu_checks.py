@@ -1,7 +1,8 @@
 """What only a GPU can show, as one prepared run: the batch-invariant kernels' bits (an item alone and inside batches
 at several rows, many sequences alone and together, items after a shared prefix against their whole sequences, run
 after run), their exactness against transformers (the bfloat16 rule: no larger error than transformers bfloat16's),
-and their cost against the GPU default (packed rows, cuDNN) on W1 and W2 at the peers' shape.
+and their cost against the GPU default (packed rows, cuDNN) on W1 and W2 at the peers' shape; last, whether other
+chunks of the token stream keep the default chunk's bits (stream_chunks).
 
     python3 -m tests.gpu.gpu_checks OUT_DIR [SECONDS]     # on a GPU machine: writes OUT_DIR/gpu_checks.json as it goes
 
@@ -190,6 +191,34 @@ def w4_speed(named: dict, model_dir: Path, vocab: int, repeats: int = 3) -> dict
     return out
 
 
+def stream_chunks(loaded, cache: Path, vocab: int, chunks=(128, 256, 1024)) -> dict:
+    """The invariant kernels with other chunks of the token stream than platform.ACCELERATOR_STREAM_CHUNK: whether
+    an item keeps the default chunk's bits (a chunk of the same bit class could follow the stream's size, where one
+    item now pays a whole chunk), and W1-1's and W2's times (ms, medians) with each."""
+    from runtime.assembly import platform, startup
+    from runtime.settings import load_settings
+    from runtime.tools.bench.measure import timed_runs
+
+    workloads = speed_workloads(vocab)
+    (item, labels), w2 = workloads["w1_1"], workloads["w2_peer"]
+    default = platform.ACCELERATOR_STREAM_CHUNK
+    out, reference = {}, None
+    try:
+        for chunk in (default, *chunks):
+            platform.ACCELERATOR_STREAM_CHUNK = chunk  # read when a scorer's kernels are chosen
+            settings = load_settings(environ={"SCOREFN_BATCH_INVARIANT": "true",
+                                              "SCOREFN_CACHE_DIR": str(cache / f"chunk-{chunk}")})
+            scorer, _ = startup.scorer(settings, loaded, lazy=True)
+            got = np.asarray(scorer.score(item, labels))
+            reference = got if reference is None else reference
+            out[chunk] = {"equal_to_default": bool(np.array_equal(got, reference)),
+                          "w1_1_ms": 1e3 * float(np.median(timed_runs(lambda: scorer.score(item, labels), 5))),
+                          "w2_peer_ms": 1e3 * float(np.median(timed_runs(lambda: scorer.score(*w2), 3)))}
+    finally:
+        platform.ACCELERATOR_STREAM_CHUNK = default
+    return out
+
+
 def main(out_dir: str, seconds: float = 420.0) -> int:
     # PyTorch shares the GPU: JAX takes memory as it needs it. Set here, not at import: the test suite imports this
     # module, and its subprocesses (tests/aot's deviceless compiles) read the variable.
@@ -232,6 +261,7 @@ def main(out_dir: str, seconds: float = 420.0) -> int:
     step("labels_invariant", lambda: label_invariance(named["invariant"][0], vocab), 30)
     step("invariance_default", lambda: invariance(named["default"][0], vocab), 60)
     step("w4_speed", lambda: w4_speed(named, model_dir, vocab), 40)
+    step("stream_chunks", lambda: stream_chunks(loaded, Path("/tmp/scorefn-gpu-cache"), vocab), 60)
     print("done", flush=True)
     return 0
 
