@@ -39,11 +39,13 @@ def test_the_kernels_compute_attention(length, window):
     q, k, v = bfloat16(rng, B, T, N, E), bfloat16(rng, B, T, K, E), bfloat16(rng, B, T, K, E)
     context = (bfloat16(rng, length, K, E), bfloat16(rng, length, K, E), jnp.int32(length)) if length else None
     got = causal(q, k, v, window, context)
-    keys, values = (np.concatenate([np.broadcast_to(np.asarray(c, np.float32), (B, length, K, E)),
-                                    np.asarray(x, np.float32)], axis=1) if length else np.asarray(x, np.float32)
-                    for c, x in ((context[0] if length else None, k), (context[1] if length else None, v)))
-    expected = reference(np.asarray(q, np.float32), keys, values, np.broadcast_to(allowed(T, length, window),
-                                                                                   (B, T, length + T)))
+
+    def whole(prefix, rows):  # each row's keys or values after the prefix's, [B, length + T, K, E] in float32
+        parts = ([np.broadcast_to(np.asarray(prefix, np.float32), (B, length, K, E))] if length else [])
+        return np.concatenate(parts + [np.asarray(rows, np.float32)], axis=1)
+    keys, values = (whole(context[0] if length else None, k), whole(context[1] if length else None, v))
+    expected = reference(np.asarray(q, np.float32), keys, values,
+                         np.broadcast_to(allowed(T, length, window), (B, T, length + T)))
     assert np.abs(got - expected).max() < 0.01
 
 
@@ -52,10 +54,11 @@ def test_the_cascade_and_the_batch_keep_each_sequences_bits(length):
     """Rows of 5-40 tokens after a shared prefix, together, against each whole sequence (prefix and row) alone: the
     same bits, whatever the row's padding, its place in the batch and where the prefix's keys come from."""
     rng = np.random.default_rng(length)
-    prefix_q, prefix_k, prefix_v = bfloat16(rng, 1, length, N, E), bfloat16(rng, length, K, E), bfloat16(rng, length, K, E)
+    prefix_q, prefix_k, prefix_v = bfloat16(rng, 1, length, N, E), bfloat16(rng, length, K, E), \
+        bfloat16(rng, length, K, E)
     lengths = [5, 40, 17, 1]
-    T = max(lengths)
-    q, k, v = bfloat16(rng, len(lengths), T, N, E), bfloat16(rng, len(lengths), T, K, E), bfloat16(rng, len(lengths), T, K, E)
+    B, T = len(lengths), max(lengths)
+    q, k, v = bfloat16(rng, B, T, N, E), bfloat16(rng, B, T, K, E), bfloat16(rng, B, T, K, E)
     together = causal(q, k, v, context=(prefix_k, prefix_v, jnp.int32(length)))
     for row, n in enumerate(lengths):
         whole = causal(jnp.concatenate([prefix_q, q[row:row + 1, :n]], axis=1),
