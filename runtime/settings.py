@@ -92,7 +92,7 @@ SETTINGS: tuple[Setting, ...] = (
             "float32 to 1e-6."),
     Setting("attention", "auto", _choice("auto", "xla", "cudnn", "pallas"),
             "Attention kernel: xla or cudnn (jax.nn.dot_product_attention's), or pallas (the batch-invariant "
-            "kernels' on a GPU: one Pallas kernel over fixed key blocks). auto: pallas on a GPU with "
+            "kernels' on a GPU: Pallas kernels over fixed key blocks). auto: pallas on a GPU with "
             "SCOREFN_BATCH_INVARIANT; cudnn (flash attention) on a GPU with bfloat16 when a start-up probe runs it; "
             "else xla."),
     Setting("layer_loop", "auto", _choice("auto", "scan", "unroll"),

@@ -262,7 +262,7 @@ def resolve(settings: Settings, backend: str | None = None, data: int = 1, cpu: 
     if settings.attention == "pallas" and not batch_invariant:
         raise ValueError("SCOREFN_ATTENTION=pallas is the batch-invariant kernels' attention: it needs "
                          "SCOREFN_BATCH_INVARIANT true (or auto on a CPU)")
-    # Batch-invariant on a GPU: its attention as one Pallas kernel over fixed key blocks (a loop of per-tile XLA
+    # Batch-invariant on a GPU: its attention as Pallas kernels over fixed key blocks (a loop of per-tile XLA
     # dots was 334x the default on an H100); elsewhere XLA's (runtime.model.invariant).
     attention = settings.attention if settings.attention != "auto" else (
         "pallas" if backend == "gpu" and batch_invariant else

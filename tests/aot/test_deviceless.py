@@ -178,7 +178,7 @@ def test_the_batch_invariant_gpu_programs_pass_every_row_through_one_set_of_gemm
     """What can be shown without the device, from the optimized HLO of every bucket of every layer body (whole rows of
     32 and 64 tokens, 1 or 2 rows, items of 8 or 16 after a prefix, the prefix itself): every matmul a row passes
     through in a layer has one shape whatever the bucket (the token stream in chunks of ACCELERATOR_STREAM_CHUNK),
-    the attention is one Pallas kernel in every layer body (not per-tile XLA dots), no cuDNN; XLA's deterministic
+    the attention is Pallas kernels in every layer body (not per-tile XLA dots), no cuDNN; XLA's deterministic
     mode and no autotuning. Whether the bits then hold on the device: tests/gpu/test_invariance_on_gpu.py."""
     case = deviceless["h100_invariant"]
     assert "batch-invariant on" in case["platform"] and "attention pallas in bfloat16" in case["platform"]

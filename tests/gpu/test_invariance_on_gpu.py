@@ -1,5 +1,5 @@
 """Batch invariance on a GPU, for the days one is lent (skipped elsewhere): SCOREFN_BATCH_INVARIANT=true's kernels
-(the token stream in fixed chunks, a Pallas attention kernel, no autotuning) score the same bits alone, in batches,
+(the token stream in fixed chunks, Pallas attention kernels, no autotuning) score the same bits alone, in batches,
 at any row, after a shared prefix, and run after run, on random Qwen3-0.6B-shaped weights; within the bfloat16
 exactness rule. The checks are tests/gpu/gpu_checks.py's (which a device run also runs as a script).
 
