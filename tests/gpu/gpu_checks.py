@@ -26,6 +26,7 @@ import numpy as np
 from runtime.tools.workloads import QWEN3_CONFIG
 
 LABELS = (7042, 4528, 11, 150000)
+CACHE = Path("/tmp/scorefn-gpu-cache")  # the script's executable stores (stream_chunks: one per chunk under it)
 
 
 def checkpoint(out: Path, config: Path = QWEN3_CONFIG) -> Path:
@@ -49,15 +50,18 @@ def scorers(model_dir: Path, cache: Path) -> tuple[dict, object]:
     """{"invariant": (scorer, platform), "default": ...}: the GPU default and SCOREFN_BATCH_INVARIANT=true, each
     compiling the buckets it meets (lazily: only what the checks touch)."""
     from runtime.model.loader import load_model
+
+    loaded = load_model(str(model_dir), cache)
+    return {"invariant": scorer(loaded, cache, {"SCOREFN_BATCH_INVARIANT": "true"}),
+            "default": scorer(loaded, cache, {})}, loaded
+
+
+def scorer(loaded, cache: Path, environ: dict) -> tuple:
+    """(scorer, platform) of the loaded model with the settings `environ` names, its store in `cache`."""
     from runtime.assembly import startup
     from runtime.settings import load_settings
 
-    loaded = load_model(str(model_dir), cache)
-    out = {}
-    for name, environ in (("invariant", {"SCOREFN_BATCH_INVARIANT": "true"}), ("default", {})):
-        settings = load_settings(environ={**environ, "SCOREFN_CACHE_DIR": str(cache)})
-        out[name] = startup.scorer(settings, loaded, lazy=True)
-    return out, loaded
+    return startup.scorer(load_settings(environ={**environ, "SCOREFN_CACHE_DIR": str(cache)}), loaded, lazy=True)
 
 
 def sequences(rng, count: int, low: int, high: int, vocab: int) -> list[list[int]]:
@@ -195,8 +199,7 @@ def stream_chunks(loaded, cache: Path, vocab: int, chunks=(128, 256, 1024)) -> d
     """The invariant kernels with other chunks of the token stream than platform.ACCELERATOR_STREAM_CHUNK: whether
     an item keeps the default chunk's bits (a chunk of the same bit class could follow the stream's size, where one
     item now pays a whole chunk), and W1-1's and W2's times (ms, medians) with each."""
-    from runtime.assembly import platform, startup
-    from runtime.settings import load_settings
+    from runtime.assembly import platform
     from runtime.tools.bench.measure import timed_runs
 
     workloads = speed_workloads(vocab)
@@ -206,14 +209,12 @@ def stream_chunks(loaded, cache: Path, vocab: int, chunks=(128, 256, 1024)) -> d
     try:
         for chunk in (default, *chunks):
             platform.ACCELERATOR_STREAM_CHUNK = chunk  # read when a scorer's kernels are chosen
-            settings = load_settings(environ={"SCOREFN_BATCH_INVARIANT": "true",
-                                              "SCOREFN_CACHE_DIR": str(cache / f"chunk-{chunk}")})
-            scorer, _ = startup.scorer(settings, loaded, lazy=True)
-            got = np.asarray(scorer.score(item, labels))
+            chunked, _ = scorer(loaded, cache / f"chunk-{chunk}", {"SCOREFN_BATCH_INVARIANT": "true"})
+            got = np.asarray(chunked.score(item, labels))
             reference = got if reference is None else reference
             out[chunk] = {"equal_to_default": bool(np.array_equal(got, reference)),
-                          "w1_1_ms": 1e3 * float(np.median(timed_runs(lambda: scorer.score(item, labels), 5))),
-                          "w2_peer_ms": 1e3 * float(np.median(timed_runs(lambda: scorer.score(*w2), 3)))}
+                          "w1_1_ms": 1e3 * float(np.median(timed_runs(lambda: chunked.score(item, labels), 5))),
+                          "w2_peer_ms": 1e3 * float(np.median(timed_runs(lambda: chunked.score(*w2), 3)))}
     finally:
         platform.ACCELERATOR_STREAM_CHUNK = default
     return out
@@ -249,7 +250,7 @@ def main(out_dir: str, seconds: float = 420.0) -> int:
 
     config = Path(os.environ.get("GPU_CHECKS_CONFIG", QWEN3_CONFIG))  # a smaller one: a dry run elsewhere
     model_dir = checkpoint(Path(os.environ.get("GPU_CHECKS_CKPT", "/tmp/scorefn-gpu-ckpt")), config)
-    named, loaded = scorers(model_dir, Path("/tmp/scorefn-gpu-cache"))
+    named, loaded = scorers(model_dir, CACHE)
     result["platforms"] = {name: platform.describe() for name, (_, platform) in named.items()}
     save()
     vocab = loaded.cfg.vocab_size
@@ -261,7 +262,7 @@ def main(out_dir: str, seconds: float = 420.0) -> int:
     step("labels_invariant", lambda: label_invariance(named["invariant"][0], vocab), 30)
     step("invariance_default", lambda: invariance(named["default"][0], vocab), 60)
     step("w4_speed", lambda: w4_speed(named, model_dir, vocab), 40)
-    step("stream_chunks", lambda: stream_chunks(loaded, Path("/tmp/scorefn-gpu-cache"), vocab), 60)
+    step("stream_chunks", lambda: stream_chunks(loaded, CACHE, vocab), 60)
     print("done", flush=True)
     return 0
 

@@ -47,16 +47,11 @@ def alternating_runs(fns: dict, runs: dict, warmup: int = 1) -> dict[str, list[f
 
 def invariance_cost(scorers, run, runs: int) -> float:
     """Median time of `run(scorer)` with the batch-invariant kernels over without (scorers: (invariant, not)),
-    alternating runs in this process so that both see the same machine."""
-    times: list[list[float]] = [[], []]
-    for scorer in scorers:
-        run(scorer)  # compiles its buckets
-    for _ in range(runs):
-        for kind, scorer in enumerate(scorers):
-            started = time.perf_counter()
-            run(scorer)
-            times[kind].append(time.perf_counter() - started)
-    return round(float(np.median(times[0]) / np.median(times[1])), 3)
+    alternating runs in this process (after one that compiles each's buckets) so that both see the same machine."""
+    invariant, not_invariant = scorers
+    times = alternating_runs({"invariant": lambda: run(invariant), "not": lambda: run(not_invariant)},
+                             {"invariant": runs, "not": runs})
+    return round(float(np.median(times["invariant"]) / np.median(times["not"])), 3)
 
 
 def summarize(latencies: list[float], items: int) -> dict:
