@@ -97,7 +97,7 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
             built = model()
     exe = Executables(built, shardings=mesh, lazy=lazy, store=store, device=devices[0],
                       cpu_class=platform.cpu.feature_class if platform.cpu else None)
-    return Scorer(plan, exe), platform
+    return Scorer(plan, exe, platform.concurrent_batches), platform
 
 
 @dataclasses.dataclass(frozen=True)

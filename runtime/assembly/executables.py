@@ -77,7 +77,7 @@ class Executables:
         self._lock = threading.Lock()
         # Held by the store, not loaded yet: each loads when first run, or when the start loads it after ready.
         self._deferred: set[tuple] = set()
-        self._loading = threading.Lock()  # one deferred load at a time: a run waits for the one under way
+        self._loading = threading.Lock()  # one deferred load (or first-use compile) at a time: a run waits for it
         self.compiles = 0  # executables compiled (or loaded from a cache or the store) by this object
         self.loaded = 0  # of which loaded from the store, without tracing
 
@@ -241,8 +241,9 @@ class Executables:
         if not self.ensure(name, bucket):
             if not self.lazy:
                 raise RuntimeError(f"no compiled executable for {name} {bucket}: every bucket must be warmed up")
-            if not self.load_stored(name, bucket):
-                self.compile(name, bucket, *_abstract(args))
+            with self._loading:  # launcher threads (runtime.requests.launch) may first run it at once: one compiles
+                if (name, bucket) not in self._compiled and not self.load_stored(name, bucket):
+                    self.compile(name, bucket, *_abstract(args))
         return self._compiled[(name, bucket)](self.state, *args)
 
 

@@ -192,6 +192,10 @@ class Platform:
     # on a CPU host and "device" share the cores, so one (and a drain never waits behind a second).
     rounds_in_flight: int = 1
     cpu: CpuFormat | None = None  # a CPU backend: the feature class compiled for, and why this dtype
+    # Device batches run at once (runtime.requests.launch): on a CPU, launcher threads overlap one batch's
+    # single-threaded fusions with another's matmuls (cpu_concurrent_batches); an accelerator's queue takes them from
+    # one thread, and a mesh's collectives want one program at a time on its devices.
+    concurrent_batches: int = 1
 
     def info(self) -> dict[str, str]:
         """The choices a dashboard or client groups by (/metrics scorefn_platform_info)."""
@@ -209,7 +213,7 @@ class Platform:
                 f"{k.attention} in {k.attention_dtype}, matmul precision {k.matmul_precision or 'default'}, "
                 f"{self.layout.describe()}, completion batches {self.completion_batch_buckets}, labels "
                 f"{self.label_buckets}, at most {self.max_bucket_tokens} tokens per bucket, {self.rounds_in_flight} "
-                f"round(s) in flight")
+                f"round(s) in flight, {self.concurrent_batches} device batch(es) at once")
 
 
 def attention_dtype(backend: str, dtype: str, attention: str) -> str:
@@ -233,6 +237,15 @@ def backend_of(device) -> str:
 
 def _backend_name(platform: str) -> str:
     return "gpu" if platform in ("cuda", "rocm", "gpu") else platform
+
+
+def cpu_concurrent_batches(cores: int | None = None) -> int:
+    """Device batches a CPU runs at once: two where this process may run on two cores or more (`cores`: default,
+    its CPU affinity). A second launcher thread fills the core that a batch's single-threaded fusions leave idle
+    (runtime.requests.launch); a third found nothing more to fill on 2 cores, and more cores speed up the matmuls,
+    not those fusions."""
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    return min(2, max(cores, 1))
 
 
 def resolve(settings: Settings, backend: str | None = None, data: int = 1, cpu: CpuFormat | None = None) -> Platform:
@@ -288,7 +301,8 @@ def resolve(settings: Settings, backend: str | None = None, data: int = 1, cpu: 
     labels = label_buckets(settings.max_labels, (16,) if accelerator else None)
     return Platform(backend, dtype, kernels, layout, settings.max_bucket_tokens or max_tokens,
                     buckets(settings.completion_batch_buckets, completion_batches), labels,
-                    rounds_in_flight=2 if accelerator else 1, cpu=None if accelerator else cpu)
+                    rounds_in_flight=2 if accelerator else 1, cpu=None if accelerator else cpu,
+                    concurrent_batches=1 if accelerator else cpu_concurrent_batches())
 
 
 def fit_to_matmuls(platform: Platform, shapes: dict[str, tuple[int, ...]], head_dim: int, portable: bool,
@@ -350,8 +364,11 @@ def cudnn_cannot_run(cfg: ModelConfig, dtype: str, max_length: int) -> str | Non
 
 
 def fit_to_layout(platform: Platform, layout, explicit: bool) -> Platform:
-    """cuDNN attention on a mesh needs queries, keys and values split alike (its partitioner refuses otherwise): a
-    model axis that splits the query heads but not the KV heads runs XLA attention instead."""
+    """A mesh runs one device batch at a time (its programs' collectives wait for every device). cuDNN attention on
+    a mesh needs queries, keys and values split alike (its partitioner refuses otherwise): a model axis that splits
+    the query heads but not the KV heads runs XLA attention instead."""
+    if layout is not None and platform.concurrent_batches > 1:
+        platform = dataclasses.replace(platform, concurrent_batches=1)
     if platform.kernels.attention != "cudnn" or layout is None or not layout.parts["attention"] or layout.parts["kv"]:
         return platform
     problem = (f"the mesh splits the query heads over {layout.model} devices but not the KV heads, and cuDNN "

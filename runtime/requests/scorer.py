@@ -7,9 +7,9 @@ Two ways to score a request's sequences, picked by padded-token cost (runtime.re
 How rows are laid out in device batches is the plan's bucket layout (runtime.shapes.layout); padding never changes a
 score: real tokens attend only to earlier positions of their own sequence.
 
-`dispatch` launches every device batch of a round without waiting for any (JAX dispatches asynchronously);
-`collect` fetches all their outputs in one transfer. The engine plans and dispatches the next round while the device
-still runs this one.
+`dispatch` launches every device batch of a round without waiting for any (runtime.requests.launch: JAX dispatches
+asynchronously, or launcher threads run the batches side by side); `collect` fetches all their outputs in one
+transfer. The engine plans and dispatches the next round while the device still runs this one.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 from runtime.interface import Sampling, TokenLogprobs
 from runtime.requests.cost import Work, plan_work, shared_slice_rows
 from runtime.requests.jobs import Job, TokenJob, shared_prefix_length
+from runtime.requests.launch import Entries, Launched, Launcher, Run
 from runtime.requests.rounds import RoundScorer
 from runtime.shapes.buckets import BucketPlan, SequenceTooLong, fit
 from runtime.shapes.layout import DeviceBatch
@@ -39,10 +40,15 @@ class Row:
 
 @dataclasses.dataclass
 class Dispatched:
-    """A dispatched round: each device batch's (still on-device) output and the rows it holds, in output order."""
+    """A dispatched round: its device batches, in launch order, each with its (still on-device) outputs and the rows
+    each answers."""
     jobs: Sequence[Job | TokenJob]
-    pending: list[tuple[Any, list[Row]]]
-    buckets: list[str]  # each device batch's program and bucket, in order of dispatch (traces name them)
+    launched: list[Launched]
+
+    @property
+    def buckets(self) -> list[str]:
+        """Each program run and its bucket, batch by batch in launch order (traces name them; once collected)."""
+        return [program for batch in self.launched for program in batch.programs]
 
 
 class Programs(Protocol):
@@ -57,9 +63,11 @@ class Programs(Protocol):
 
 
 class Scorer(RoundScorer):
-    def __init__(self, plan: BucketPlan, executables: Programs):
+    def __init__(self, plan: BucketPlan, executables: Programs, concurrent_batches: int = 1):
+        """`concurrent_batches`: device batches run at once (the platform's: runtime.requests.launch)."""
         self.plan = plan
         self.exe = executables
+        self.launcher = Launcher(executables, concurrent_batches)
         self.task = executables.model.cfg.task  # causal_lm | sequence_classification
         # Longer sequences change their RoPE frequencies (dynamic, longrope), so the context's keys would differ
         # from each item's own: such requests are scored in full.
@@ -67,7 +75,6 @@ class Scorer(RoundScorer):
         self.device_batches = 0  # forward passes run (for /metrics: mean rows per device batch)
         self.device_rows = 0
         self.prefix_batches = 0  # of which scored after a shared prefix
-        self._launched: list[str] = []  # the executables the round being dispatched runs
 
     @property
     def cfg(self):
@@ -112,8 +119,7 @@ class Scorer(RoundScorer):
             self.check(job.sequences)
             if isinstance(job, TokenJob) and not self.plan.completion_batches:
                 raise ValueError("this model computes no per-position log-probabilities")
-        pending: list[tuple[Any, list[Row]]] = []
-        self._launched = []
+        launched: list[Launched] = []
         full_rows: list[Row] = []
         token_rows: list[Row] = []
         for j, job in enumerate(jobs):
@@ -122,17 +128,12 @@ class Scorer(RoundScorer):
             if isinstance(job, TokenJob):
                 token_rows += rows
             elif shared := shared_prefix_length(self.plan, job, self.rope_length_limit):
-                pending += self._dispatch_after_prefix(rows, jobs, shared)
+                launched += self._dispatch_after_prefix(rows, jobs, shared)
             else:
                 full_rows += rows
-        pending += self._dispatch_full(full_rows, jobs)
-        pending += self._dispatch_tokens(token_rows, jobs)
-        return Dispatched(jobs, pending, self._launched)
-
-    def _run(self, program: str, bucket: tuple, *args):
-        """Launch one executable (runtime.assembly.executables), noting which."""
-        self._launched.append(f"{program}{list(bucket)}")
-        return self.exe(program, bucket, *args)
+        launched += self._dispatch_full(full_rows, jobs)
+        launched += self._dispatch_tokens(token_rows, jobs)
+        return Dispatched(jobs, launched)
 
     def counters(self) -> dict[str, int]:
         """Programs compiled since the start (requests never compile), and the device batches and rows run."""
@@ -145,8 +146,9 @@ class Scorer(RoundScorer):
         jobs = dispatched.jobs
         results: list = [np.empty((len(job.sequences), self._width(job)), np.float32) if isinstance(job, Job)
                          else [None] * len(job.sequences) for job in jobs]
-        fetched = jax.device_get([output for output, _ in dispatched.pending])
-        for values, (_, rows) in zip(fetched, dispatched.pending):
+        entries = [entry for batch in dispatched.launched for entry in batch.entries()]
+        fetched = jax.device_get([output for output, _ in entries])
+        for values, (_, rows) in zip(fetched, entries):
             for r, row in enumerate(rows):
                 if row is None:  # a slot another head of the same device batch reads
                     continue
@@ -166,19 +168,21 @@ class Scorer(RoundScorer):
         targets = [row.targets for row in rows] if any(row.targets for row in rows) else None
         return *arrays[:-1], batch.targets(targets, self.plan.label_tokens), arrays[-1]
 
-    def _dispatch_full(self, rows: list[Row], jobs: Sequence[Job]) -> list[tuple[Any, list[Row]]]:
+    def _dispatch_full(self, rows: list[Row], jobs: Sequence[Job]) -> list[Launched]:
         program = self.plan.layout.full_program.name
         sequences = [row.tokens for row in rows]
         adapters = [jobs[row.job].adapter for row in rows]
         out = []
         for batch in self.plan.split_full([len(s) for s in sequences]):
-            hidden, tails = self._run(program, batch.bucket,
-                                      *self._with_targets(batch, batch.arrays(sequences, adapters), rows))
-            out += self._read(hidden, tails, batch, rows, jobs)
+            arrays = self._with_targets(batch, batch.arrays(sequences, adapters), rows)
+
+            def forward_and_heads(run: Run, batch=batch, arrays=arrays) -> Entries:
+                return self._read(run, *run(program, batch.bucket, *arrays), batch, rows, jobs)
+            out.append(self.launcher.launch(forward_and_heads))
+            self._count(batch)
         return out
 
-    def _dispatch_after_prefix(self, rows: list[Row], jobs: Sequence[Job], shared: int
-                               ) -> list[tuple[Any, list[Row]]]:
+    def _dispatch_after_prefix(self, rows: list[Row], jobs: Sequence[Job], shared: int) -> list[Launched]:
         """One request's items after its shared prefix of `shared` tokens: the prefix's keys and values once, then
         the items' device batches attending them. The prefix's keys and values are its adapter's: one request, one
         adapter."""
@@ -186,27 +190,36 @@ class Scorer(RoundScorer):
         context = fit(self.plan.contexts(), shared)
         prefix = np.zeros((1, context), np.int32)
         prefix[0, :shared] = rows[0].tokens[:shared]
-        ctx_k, ctx_v = self._run("prefill_context", (context,), prefix, np.full((1,), adapter, np.int32))
+        context_kv = []
+
+        def prefill(run: Run) -> Entries:
+            context_kv.extend(run("prefill_context", (context,), prefix, np.full((1,), adapter, np.int32)))
+            return []
+        out = [self.launcher.launch(prefill, now=True)]  # the batches after it read its keys and values
         program = self.plan.layout.continuation_program.name
         items = [row.tokens[shared:] for row in rows]
-        out = []
         for batch in self.plan.split_suffixes([len(s) for s in items]):
             arrays = self._with_targets(batch, batch.arrays(items, [adapter] * len(items), start=shared), rows)
-            hidden, tails = self._run(program, (context, *batch.bucket), ctx_k, ctx_v, np.int32(shared), *arrays)
+
+            def forward_and_heads(run: Run, batch=batch, arrays=arrays) -> Entries:
+                outputs = run(program, (context, *batch.bucket), *context_kv, np.int32(shared), *arrays)
+                return self._read(run, *outputs, batch, rows, jobs)
+            out.append(self.launcher.launch(forward_and_heads, after=context_kv))
             self.prefix_batches += 1
-            out += self._read(hidden, tails, batch, rows, jobs)
+            self._count(batch)
         return out
 
-    def _read(self, hidden, tails, batch: DeviceBatch, rows: list[Row], jobs: Sequence[Job]
-              ) -> list[tuple[Any, list[Row | None]]]:
+    def _count(self, batch: DeviceBatch) -> None:
+        self.device_batches += 1
+        self.device_rows += len(batch.members)
+
+    def _read(self, run: Run, hidden, tails, batch: DeviceBatch, rows: list[Row], jobs: Sequence[Job]) -> Entries:
         """The heads on a device batch's pooled rows: label log-probabilities, a classification model's logits, or
         a classification adapter's own; or, for rows of labels of several tokens, the targets' log-probabilities
         the forward pass read (`tails`). Each output with the rows it answers (None: a slot another answers)."""
         members = [rows[i] for i in batch.members]
-        self.device_batches += 1
-        self.device_rows += len(members)
         if self.task != "causal_lm":
-            return [(self._run("class_logits", (batch.head_batch,), hidden), members)]
+            return [(run("class_logits", (batch.head_batch,), hidden), members)]
         out = []
         labelled = [row if row.targets is not None else None for row in members]
         if any(labelled):
@@ -219,7 +232,7 @@ class Scorer(RoundScorer):
             slots = np.zeros((batch.head_batch,), np.int32)
             for r, row in enumerate(members):
                 slots[r] = jobs[row.job].adapter if row is not None else 0
-            out.append((self._run("lora_class_logits", (batch.head_batch,), hidden, slots), own))
+            out.append((run("lora_class_logits", (batch.head_batch,), hidden, slots), own))
         vocabulary = [None if row is None or jobs[row.job].head else row for row in members]
         if any(vocabulary):
             # A request's label count is checked once, against SCOREFN_MAX_LABELS (handler.score's too_many_labels):
@@ -230,10 +243,10 @@ class Scorer(RoundScorer):
             for r, row in enumerate(vocabulary):
                 ids = jobs[row.job].label_ids if row is not None else ()
                 labels[r, : len(ids)] = ids
-            out.append((self._run("label_logprobs", (batch.head_batch, n_labels), hidden, labels), vocabulary))
+            out.append((run("label_logprobs", (batch.head_batch, n_labels), hidden, labels), vocabulary))
         return out
 
-    def _dispatch_tokens(self, rows: list[Row], jobs: Sequence[Job | TokenJob]) -> list[tuple[Any, list[Row]]]:
+    def _dispatch_tokens(self, rows: list[Row], jobs: Sequence[Job | TokenJob]) -> list[Launched]:
         program = PROGRAMS["token_logprobs"].name
         sequences = [row.tokens for row in rows]
         adapters = [jobs[row.job].adapter for row in rows]
@@ -246,9 +259,10 @@ class Scorer(RoundScorer):
             for r, row in enumerate(members):
                 sampling = jobs[row.job].sampling[row.index]
                 temperature[r], seed[r] = sampling.temperature, sampling.seed % 2**32
-            out.append((self._run(program, batch.bucket, tokens, last + 1, temperature, seed, adapter), members))
-            self.device_batches += 1
-            self.device_rows += len(members)
+            arrays = (tokens, last + 1, temperature, seed, adapter)
+            out.append(self.launcher.launch(lambda run, batch=batch, arrays=arrays, members=members:
+                                            [(run(program, batch.bucket, *arrays), members)]))
+            self._count(batch)
         return out
 
 

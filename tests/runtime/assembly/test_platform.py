@@ -3,6 +3,7 @@ runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 
@@ -215,3 +216,17 @@ def test_cudnn_is_not_tried_where_it_cannot_apply(change, reason, caplog):
     assert reason in caplog.text
     with pytest.raises(ValueError, match=f"SCOREFN_ATTENTION=cudnn cannot run this model: .*{re.escape(reason)}"):
         fit_to_model(gpu, cfg, 2048, explicit=True)  # SCOREFN_ATTENTION=cudnn: the start fails, saying why
+
+
+def test_a_cpu_runs_two_device_batches_at_once_an_accelerator_or_a_mesh_one():
+    import types
+
+    from runtime.assembly.platform import cpu_concurrent_batches, fit_to_layout
+
+    cpu = resolve(load_settings(environ={}), backend="cpu")
+    assert cpu.concurrent_batches == cpu_concurrent_batches()
+    assert "device batch(es) at once" in cpu.describe()
+    assert resolve(load_settings(environ={}), backend="gpu").concurrent_batches == 1
+    data_mesh = types.SimpleNamespace(model=1, parts={"attention": False, "kv": False})
+    two = dataclasses.replace(cpu, concurrent_batches=2)
+    assert fit_to_layout(two, data_mesh, explicit=False).concurrent_batches == 1
