@@ -67,7 +67,8 @@ class Scorer(RoundScorer):
         """`concurrent_batches`: device batches run at once (the platform's: runtime.requests.launch)."""
         self.plan = plan
         self.exe = executables
-        self.launcher = Launcher(executables, concurrent_batches)
+        # Through self.exe as it is when a batch runs: a caller may wrap it (tests record the programs run).
+        self.launcher = Launcher(lambda *call: self.exe(*call), concurrent_batches)
         self.task = executables.model.cfg.task  # causal_lm | sequence_classification
         # Longer sequences change their RoPE frequencies (dynamic, longrope), so the context's keys would differ
         # from each item's own: such requests are scored in full.
