@@ -22,6 +22,7 @@ from runtime.model import attention, invariant
 from runtime.model.config import ModelConfig
 from runtime.model.kernels import Kernels
 from runtime.assembly import bitclasses
+from runtime.requests import launch
 from runtime.shapes.buckets import label_buckets, rounded_up
 from runtime.shapes.grid import GridLayout
 from runtime.shapes.layout import BucketLayout
@@ -192,10 +193,7 @@ class Platform:
     # on a CPU host and "device" share the cores, so one (and a drain never waits behind a second).
     rounds_in_flight: int = 1
     cpu: CpuFormat | None = None  # a CPU backend: the feature class compiled for, and why this dtype
-    # Device batches run at once (runtime.requests.launch): on a CPU, launcher threads overlap one batch's
-    # single-threaded fusions with another's matmuls (cpu_concurrent_batches); an accelerator's queue takes them from
-    # one thread, and a mesh's collectives want one program at a time on its devices.
-    concurrent_batches: int = 1
+    concurrent_batches: int = 1  # device batches run at once (runtime.requests.launch; 1: accelerators, meshes)
 
     def info(self) -> dict[str, str]:
         """The choices a dashboard or client groups by (/metrics scorefn_platform_info)."""
@@ -208,12 +206,11 @@ class Platform:
         k = self.kernels
         why = f" ({self.cpu.describe()})" if self.cpu else ""
         invariant = f"on (matmuls of at least {k.min_rows} rows)" if k.batch_invariant else "off"
-        return (f"{self.backend}: {self.dtype}{why}, batch-invariant {invariant}, "
-                f"layer loop {'unrolled' if k.unroll else 'scanned'}, attention "
-                f"{k.attention} in {k.attention_dtype}, matmul precision {k.matmul_precision or 'default'}, "
-                f"{self.layout.describe()}, completion batches {self.completion_batch_buckets}, labels "
-                f"{self.label_buckets}, at most {self.max_bucket_tokens} tokens per bucket, {self.rounds_in_flight} "
-                f"round(s) in flight, {self.concurrent_batches} device batch(es) at once")
+        return (f"{self.backend}: {self.dtype}{why}, batch-invariant {invariant}, layer loop "
+                f"{'unrolled' if k.unroll else 'scanned'}, attention {k.attention} in {k.attention_dtype}, matmul "
+                f"precision {k.matmul_precision or 'default'}, {self.layout.describe()}, completion batches "
+                f"{self.completion_batch_buckets}, labels {self.label_buckets}, at most {self.max_bucket_tokens} tokens"
+                f" a bucket, {self.rounds_in_flight} round(s) in flight, {self.concurrent_batches} batch(es) at once")
 
 
 def attention_dtype(backend: str, dtype: str, attention: str) -> str:
@@ -237,15 +234,6 @@ def backend_of(device) -> str:
 
 def _backend_name(platform: str) -> str:
     return "gpu" if platform in ("cuda", "rocm", "gpu") else platform
-
-
-def cpu_concurrent_batches(cores: int | None = None) -> int:
-    """Device batches a CPU runs at once: two where this process may run on two cores or more (`cores`: default,
-    its CPU affinity). A second launcher thread fills the core that a batch's single-threaded fusions leave idle
-    (runtime.requests.launch); a third found nothing more to fill on 2 cores, and more cores speed up the matmuls,
-    not those fusions."""
-    cores = len(os.sched_getaffinity(0)) if cores is None else cores
-    return min(2, max(cores, 1))
 
 
 def resolve(settings: Settings, backend: str | None = None, data: int = 1, cpu: CpuFormat | None = None) -> Platform:
@@ -302,7 +290,7 @@ def resolve(settings: Settings, backend: str | None = None, data: int = 1, cpu: 
     return Platform(backend, dtype, kernels, layout, settings.max_bucket_tokens or max_tokens,
                     buckets(settings.completion_batch_buckets, completion_batches), labels,
                     rounds_in_flight=2 if accelerator else 1, cpu=None if accelerator else cpu,
-                    concurrent_batches=1 if accelerator else cpu_concurrent_batches())
+                    concurrent_batches=1 if accelerator else launch.cpu_threads())
 
 
 def fit_to_matmuls(platform: Platform, shapes: dict[str, tuple[int, ...]], head_dim: int, portable: bool,
@@ -364,9 +352,8 @@ def cudnn_cannot_run(cfg: ModelConfig, dtype: str, max_length: int) -> str | Non
 
 
 def fit_to_layout(platform: Platform, layout, explicit: bool) -> Platform:
-    """A mesh runs one device batch at a time (its programs' collectives wait for every device). cuDNN attention on
-    a mesh needs queries, keys and values split alike (its partitioner refuses otherwise): a model axis that splits
-    the query heads but not the KV heads runs XLA attention instead."""
+    """A mesh runs one device batch at a time (its collectives wait for every device); cuDNN attention on a mesh
+    needs Q, K and V split alike (its partitioner refuses otherwise), else it runs XLA's."""
     if layout is not None and platform.concurrent_batches > 1:
         platform = dataclasses.replace(platform, concurrent_batches=1)
     if platform.kernels.attention != "cudnn" or layout is None or not layout.parts["attention"] or layout.parts["kv"]:

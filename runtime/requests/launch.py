@@ -16,12 +16,21 @@ dispatches, which is what an accelerator's queue wants.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 from typing import Any, Callable
 
 import jax
 
 Entries = list[tuple[Any, list]]  # a batch's outputs, each with the rows it answers
 Run = Callable[..., Any]  # run(program, bucket, *args): one program, recorded
+
+
+def cpu_threads(cores: int | None = None) -> int:
+    """Launcher threads on a CPU: two where this process may run on two cores or more (`cores`: default, its CPU
+    affinity). The second fills the core a batch's single-threaded fusions leave idle; a third found nothing more to
+    fill on 2 cores, and more cores speed up the matmuls, not those fusions."""
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    return min(2, max(cores, 1))
 
 
 class Launched:

@@ -15,7 +15,8 @@ from runtime.shapes.grid import GridLayout
 from runtime.model.config import load_config
 from runtime.model.kernels import Kernels
 from runtime.model.transformer import Transformer
-from runtime.assembly.platform import cpu_concurrent_batches, fit_to_matmuls, resolve
+from runtime.assembly.platform import fit_to_matmuls, resolve
+from runtime.requests.launch import cpu_threads
 from runtime.requests.scorer import Scorer
 from runtime.settings import load_settings
 from runtime.model.params import array_shapes
@@ -49,7 +50,7 @@ def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None 
     plan = plan or small_plan()
     kernels = kernels or platform_kernels(model_dir, dtype, plan.layout.name)
     model = Transformer(cfg, load_arrays(model_dir, cfg), dtype, kernels, plan.max_length, plan.label_tokens)
-    return Scorer(plan, Executables(model, lazy=lazy), concurrent_batches or cpu_concurrent_batches())
+    return Scorer(plan, Executables(model, lazy=lazy), concurrent_batches or cpu_threads())
 
 
 

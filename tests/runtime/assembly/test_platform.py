@@ -221,11 +221,12 @@ def test_cudnn_is_not_tried_where_it_cannot_apply(change, reason, caplog):
 def test_a_cpu_runs_two_device_batches_at_once_an_accelerator_or_a_mesh_one():
     import types
 
-    from runtime.assembly.platform import cpu_concurrent_batches, fit_to_layout
+    from runtime.assembly.platform import fit_to_layout
+    from runtime.requests.launch import cpu_threads
 
     cpu = resolve(load_settings(environ={}), backend="cpu")
-    assert cpu.concurrent_batches == cpu_concurrent_batches()
-    assert "device batch(es) at once" in cpu.describe()
+    assert cpu.concurrent_batches == cpu_threads()
+    assert f"{cpu.concurrent_batches} batch(es) at once" in cpu.describe()
     assert resolve(load_settings(environ={}), backend="gpu").concurrent_batches == 1
     data_mesh = types.SimpleNamespace(model=1, parts={"attention": False, "kv": False})
     two = dataclasses.replace(cpu, concurrent_batches=2)

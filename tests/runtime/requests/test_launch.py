@@ -7,10 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.assembly import platform as platforms
 from runtime.interface import Sampling
 from runtime.requests.jobs import Job, TokenJob, label_rows
-from runtime.requests.launch import Launcher
+from runtime.requests.launch import Launcher, cpu_threads
 from runtime.requests.scorer import Scorer
 from tests.runtime.conftest import random_sequences, scorer_for, small_plan
 
@@ -65,4 +64,4 @@ def test_a_batch_that_fails_raises_where_the_round_is_collected():
 
 
 def test_the_cpu_runs_two_batches_at_once_where_it_has_two_cores():
-    assert [platforms.cpu_concurrent_batches(cores) for cores in (1, 2, 4, 64)] == [1, 2, 2, 2]
+    assert [cpu_threads(cores) for cores in (1, 2, 4, 64)] == [1, 2, 2, 2]
