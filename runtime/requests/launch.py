@@ -25,12 +25,18 @@ Entries = list[tuple[Any, list]]  # a batch's outputs, each with the rows it ans
 Run = Callable[..., Any]  # run(program, bucket, *args): one program, recorded
 
 
+# Launcher threads a CPU may use. Two were faster (above), but admission's service model (runtime.requests.cost) is
+# calibrated one batch at a time and mispriced rounds of two: in the open-loop overload test (tests/e2e) 32-item
+# requests waited 8.2 s in the queue against 4.7 s predicted, and the test failed (2026-11-29). 1 until it prices them.
+MAX_CPU_THREADS = 1
+
+
 def cpu_threads(cores: int | None = None) -> int:
-    """Launcher threads on a CPU: two where this process may run on two cores or more (`cores`: default, its CPU
-    affinity). The second fills the core a batch's single-threaded fusions leave idle; a third found nothing more to
+    """Launcher threads on a CPU: up to MAX_CPU_THREADS, one per core this process may run on (`cores`: default, its
+    CPU affinity). A second fills the core a batch's single-threaded fusions leave idle; a third found nothing more to
     fill on 2 cores, and more cores speed up the matmuls, not those fusions."""
     cores = len(os.sched_getaffinity(0)) if cores is None else cores
-    return min(2, max(cores, 1))
+    return min(MAX_CPU_THREADS, max(cores, 1))
 
 
 class Launched:
