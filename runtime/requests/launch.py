@@ -58,7 +58,6 @@ class Launcher:
 
     def __init__(self, programs: Callable[..., Any], threads: int = 1):
         self._programs = programs
-        self.threads = threads
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="scorefn-batch") \
             if threads > 1 else None
 
