@@ -24,7 +24,7 @@ SYNC = $(UV) pip sync --quiet --require-hashes --python $(PY)
 # set (and the servers, batch jobs and workers the tests start are dozens of processes).
 export UV_COMPILE_BYTECODE = 1
 
-.PHONY: serve serve-check test bench loadtest warmup setup setup-test setup-aot lock docs image-check clean
+.PHONY: serve serve-check serve-only-setup test bench loadtest warmup setup setup-test setup-aot lock docs image-check clean
 
 $(UV): lock/uv.txt
 	$(PYTHON) -m venv $(UV_VENV)
@@ -74,16 +74,22 @@ warmup: setup
 
 # Every serve-time import must be a main dependency: the test extras (PyTorch pulls in jinja2, for one) would
 # hide a missing one. So `make serve`'s own set-up, in a venv of its own, then scripts/serve_check.py there.
-serve-check:
-	$(MAKE) --no-print-directory setup VENV=$(SERVE_VENV)
+serve-check: serve-only-setup
 	$(SERVE_VENV)/bin/python scripts/serve_check.py
+
+serve-only-setup: | $(UV)
+	$(MAKE) --no-print-directory setup VENV=$(SERVE_VENV)
 
 # Two pytest-xdist workers (CI's cores), each given whole modules (--dist loadfile: a module's fixtures start once);
 # each holds PyTorch and JAX models (~5 GB at most), so more workers need more memory as well as cores. Then the
 # tests that judge wall-clock behaviour (marker `timing`), alone on an idle host as their verdicts were measured
 # (exit 5: PYTEST_ARGS selected none of them).
+# The serve-only check (CPU) runs while the test and accelerator venvs install (downloads and disk, ~1 min from an
+# empty uv cache), once the serve-only venv and the prepared model it reads are in place; --output-sync keeps each
+# target's lines together.
 TEST_WORKERS ?= 2
-test: serve-check setup-test setup-aot
+test: serve-only-setup
+	$(MAKE) --no-print-directory -j3 --output-sync=target serve-check setup-test setup-aot
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not timing" $(PYTEST_ARGS)
 	$(PY) -m pytest -m timing $(PYTEST_ARGS) || [ $$? -eq 5 ]
 

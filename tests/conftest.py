@@ -41,13 +41,13 @@ TEST_COMPILE_CACHE = REPO / ".cache" / "test-xla"
 # minutes, never a result.
 LONGEST_FIRST = (
     "tests/runtime/model/test_invariance.py", "tests/runtime/assembly/test_sharding.py",
-    "tests/runtime/model/test_lora.py", "tests/e2e/test_batch.py", "tests/runtime/assembly/test_warmup.py",
-    "tests/runtime/model/test_parity_embedded.py", "tests/e2e/test_batch_invariance.py",
-    "tests/runtime/model/test_token_logprobs.py", "tests/runtime/model/test_parity_tiny.py",
-    "tests/aot/test_deviceless.py", "tests/runtime/tasks/test_rerank_models.py",
-    "tests/runtime/tasks/test_classify_models.py", "tests/runtime/tools/test_bench.py", "tests/e2e/test_schema_fuzz.py",
-    "tests/e2e/test_failed_start.py", "tests/runtime/model/test_label_tokens.py", "tests/e2e/test_lora_http.py",
-    "tests/e2e/test_lm_eval.py",
+    "tests/runtime/model/test_lora.py", "tests/runtime/assembly/test_warmup.py", "tests/e2e/test_batch.py",
+    "tests/aot/test_deviceless.py", "tests/runtime/tools/test_bench.py", "tests/runtime/model/test_parity_tiny.py",
+    "tests/e2e/test_batch_invariance.py", "tests/runtime/model/test_parity_embedded.py",
+    "tests/runtime/model/test_token_logprobs.py", "tests/runtime/tasks/test_rerank_models.py",
+    "tests/runtime/tasks/test_classify_models.py", "tests/e2e/test_schema_fuzz.py", "tests/e2e/test_lora_http.py",
+    "tests/e2e/test_lm_eval.py", "tests/e2e/test_failed_start.py", "tests/runtime/model/test_label_tokens.py",
+    "tests/e2e/test_http.py", "tests/runtime/model/test_pallas_attention.py",
 )
 
 
