@@ -26,8 +26,8 @@ Run = Callable[..., Any]  # run(program, bucket, *args): one program, recorded
 
 
 # Launcher threads a CPU may use. Two were faster (above), but admission's service model (runtime.requests.cost) is
-# calibrated one batch at a time and mispriced rounds of two: in the open-loop overload test (tests/e2e) 32-item
-# requests waited 8.2 s in the queue against 4.7 s predicted, and the test failed (2026-11-29). 1 until it prices them.
+# calibrated one batch at a time, and with two the open-loop overload test (tests/e2e) failed (2026-11-29): at 0.7x
+# the measured capacity it refused one request of 18. 1 until the model prices rounds of two.
 MAX_CPU_THREADS = 1
 
 
