@@ -218,7 +218,7 @@ def test_cudnn_is_not_tried_where_it_cannot_apply(change, reason, caplog):
         fit_to_model(gpu, cfg, 2048, explicit=True)  # SCOREFN_ATTENTION=cudnn: the start fails, saying why
 
 
-def test_a_cpu_runs_two_device_batches_at_once_an_accelerator_or_a_mesh_one():
+def test_a_cpu_runs_its_launcher_threads_batches_at_once_an_accelerator_or_a_mesh_one():
     import types
 
     from runtime.assembly.platform import fit_to_layout

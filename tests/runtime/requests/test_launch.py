@@ -1,6 +1,7 @@
 """Device batches launched from two threads (runtime.requests.launch; the CPU platform's default is one until
-admission prices rounds of two) give the bits of one thread on every path a round takes, name the programs they ran in the same order, and
-raise a batch's error where the round is collected; a bucket first run from two threads at once compiles once."""
+admission prices rounds of two) give the bits of one thread on every path a round takes, name the programs they ran
+in the same order, and raise a batch's error where the round is collected; a bucket first run from two threads at
+once compiles once."""
 
 from __future__ import annotations
 
