@@ -2,7 +2,8 @@
 
 The real scheduler (runtime.requests.scheduler) and the real cost model (runtime.requests.cost.plan_work, on the bucket
 plan of the small-bucket test server) run against a simulated device whose rounds take a fixed price per device batch
-plus a price per padded token, with log-normal noise. Time is simulated: minutes of load take a second, and a run is
+plus a price per padded token, with log-normal noise (and a CPU's launcher threads: batches run `lanes` at once, in
+`overlap` of their serial seconds). Time is simulated: minutes of load take a second, and a run is
 decided by the scheduler's logic alone (a seed fixes the arrivals and the noise), so tests judge admission and
 fairness here without timing flakes, and the HTTP runs (loadtests/overload.py) check the real server beside it.
 
@@ -49,10 +50,12 @@ class Device:
     per_token: tuple[tuple[str, float], ...] = (("full", 1 / 800), ("context", 1 / 800), ("continuation", 1 / 700),
                                                 ("completion", 1 / 400))
     noise: float = 0.1  # sigma of the log of a round's time over its price
+    lanes: int = 1  # batches run at once (a CPU's launcher threads), in `overlap` of their serial seconds
+    overlap: float = 1.0
 
     @property
     def model(self) -> ServiceModel:
-        return ServiceModel(self.per_batch, dict(self.per_token))
+        return ServiceModel(self.per_batch, dict(self.per_token), self.lanes, self.overlap)
 
 
 def request(kind: str, rng: random.Random) -> Job | TokenJob:
@@ -96,7 +99,8 @@ def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, 
     plan, device = plan or small_bucket_plan(), device or Device()
     rng = random.Random(seed)
     now = [0.0]
-    seed_model = ServiceModel(device.per_batch * 0.7, dict.fromkeys(KINDS, 1 / 700))  # as calibration might seed it
+    # As calibration might seed it: prices off, the lanes' overlap as measured.
+    seed_model = ServiceModel(device.per_batch * 0.7, dict.fromkeys(KINDS, 1 / 700), device.lanes, device.overlap)
     scheduler = Scheduler(seed_model, lambda job: plan_work(plan, [job], marginal=True), 256, max_wait_s,
                           load_settings(environ={}).max_round_s,
                           round_cost=lambda jobs: plan_work(plan, jobs), clock=lambda: now[0])
@@ -193,10 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bulk-items", type=int, default=1024, help="items of the bulk client's requests (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-wait-s", type=float, default=2.0, help="SCOREFN_MAX_WAIT_S")
+    parser.add_argument("--lanes", type=int, default=1, help="device batches run at once")
+    parser.add_argument("--overlap", type=float, default=1.0, help="their seconds over the sum of each alone")
     args = parser.parse_args(argv)
-    records, scheduler = simulate(args.multiple, args.seconds, args.bulk_items, args.seed, args.max_wait_s)
+    device = Device(lanes=args.lanes, overlap=args.overlap)
+    records, scheduler = simulate(args.multiple, args.seconds, args.bulk_items, args.seed, args.max_wait_s,
+                                  device=device)
     summary = summarize(records)
-    print(f"mix at {args.multiple:g}x its capacity of {capacity(small_bucket_plan(), Device()):.2f} requests/s for "
+    print(f"mix at {args.multiple:g}x its capacity of {capacity(small_bucket_plan(), device):.2f} requests/s for "
           f"{args.seconds:g} simulated s; bulk client: {args.bulk_items} items")
     for kind, s in summary["kinds"].items():
         print(f"  {kind:16} sent {s['sent']:6d}  answered {s['answered']:6d} ({s['answered_share']:5.1%})  refused "

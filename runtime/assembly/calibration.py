@@ -20,23 +20,27 @@ def calibrate(scorer: Scorer, grow_until: float = 2.0, step_cap_s: float = 0.3) 
     per-token prices. Then one completion bucket
     of about as many tokens (the vocabulary head at every position: about twice the price of a full token on the
     development CPU). A shared prefix's context and continuation start at the full price (within a third of it,
-    measured) and are told apart by the rounds that run them. On the development CPU three or four buckets; on an
-    accelerator each run takes milliseconds.
+    measured) and are told apart by the rounds that run them. Where the scorer runs two batches at once (a CPU's
+    launcher threads), the last full bucket and the one before it (or the completion bucket) run together too: their
+    overlap, the seconds of both at once over the sum of each alone. On the development CPU three to five buckets; on
+    an accelerator each run takes milliseconds.
     """
     plan = scorer.plan
 
-    def timed(job) -> tuple[Work, float]:
-        """The job's work and the quicker of two runs (the other work of a shared machine only ever adds time)."""
-        work, runs = scorer.cost([job]), []
+    def timed(*jobs) -> tuple[Work, float]:
+        """The jobs' work and the quicker of two runs (the other work of a shared machine only ever adds time)."""
+        work, runs = scorer.cost(jobs), []
         for _ in range(2):
             started = time.perf_counter()
-            scorer.score_jobs([job])
+            scorer.score_jobs(jobs)
             runs.append(time.perf_counter() - started)
         return work, min(runs)
 
     shortest = plan.lengths[0]
-    small_work, small_s = timed(Job([[1] * shortest], [0]))
-    big_work, big_s = small_work, small_s
+    small_job = Job([[1] * shortest], [0])
+    small_work, small_s = timed(small_job)
+    big_job, big_work, big_s = small_job, small_work, small_s
+    partner = None  # a job of one batch timed alone, to run beside the big one (two lanes)
     program = plan.layout.full_program
     shapes = sorted({program.geometry(bucket)[:2] for bucket in plan.full()}, key=lambda rw: (rw[0] * rw[1], rw[0]))
     for batch, length in shapes:  # rows of `length` tokens
@@ -46,7 +50,9 @@ def calibrate(scorer: Scorer, grow_until: float = 2.0, step_cap_s: float = 0.3) 
         if big_work is not small_work and (big_s >= grow_until * small_s or
                                            big_s * tokens / big_work.full > step_cap_s):
             break
-        big_work, big_s = timed(Job([[2 + i % 64] + [1] * (length - 1) for i in range(batch)], [0]))  # no common prefix
+        partner = big_job, big_s
+        big_job = Job([[2 + i % 64] + [1] * (length - 1) for i in range(batch)], [0])  # no common prefix
+        big_work, big_s = timed(big_job)
     per_token = (big_s - small_s) / (big_work.full - small_work.full) if big_work.full > small_work.full else 0.0
     per_batch = small_s - per_token * small_work.full
     if per_token <= 0 or per_batch < 0:  # noise: charge everything to the tokens
@@ -55,6 +61,14 @@ def calibrate(scorer: Scorer, grow_until: float = 2.0, step_cap_s: float = 0.3) 
     completions = plan.completions()
     if completions:
         batch, length = min(completions, key=lambda b_t: (abs(b_t[0] * b_t[1] - big_work.full), b_t))
-        work, seconds = timed(TokenJob([[1] * length] * batch, [Sampling()] * batch))
+        completion = TokenJob([[1] * length] * batch, [Sampling()] * batch)
+        work, seconds = timed(completion)
         rates["completion"] = max((seconds - per_batch * work.batches) / work.completion, per_token / 4)
-    return ServiceModel(per_batch, rates)
+        partner = completion, seconds
+    lanes = scorer.launcher.threads
+    overlap = 1.0  # one lane, or no pair to time: serial prices, as the rounds then correct them
+    if lanes == 2 and partner is not None:  # a pair measures two lanes (runtime.requests.launch.MAX_CPU_THREADS)
+        work, together = timed(big_job, partner[0])
+        if work.batches == 2:  # not put in one batch by the plan
+            overlap = together / (big_s + partner[1])
+    return ServiceModel(per_batch, rates, lanes, overlap)

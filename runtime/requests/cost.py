@@ -1,11 +1,15 @@
 """What device work costs: the padded tokens per bucket kind and the device batches of a request (or a round), and a
 running estimate of the seconds they take on this device.
 
-    seconds ~= per_batch * device batches + sum over kinds of per_token[kind] * padded tokens of that kind
+    serial ~= per_batch * device batches + sum over kinds of per_token[kind] * padded tokens of that kind
+    seconds ~= serial * lanes_factor(device batches)
 
 Every device batch pays a fixed price (the weights stream through once, the launches), every padded token its
 share of the matmuls; the kinds differ (a continuation also attends to its shared context, a completion row runs the
-vocabulary head at every position). The estimate is seeded at start-up by timing a few buckets
+vocabulary head at every position). A CPU may run a round's batches on several launcher threads at once
+(runtime.requests.launch): `lanes` of them take `overlap` times their serial seconds, where one batch alone takes its
+own, so a round of one batch and a round of two are priced apart (one price for both misled admission: calibrated on
+rounds of two, it promised rounds of one too early). The estimate is seeded at start-up by timing a few buckets
 (runtime.assembly.calibration) and then corrected after every device round by what the round really took
 (`ServiceModel.observe`). Pure Python.
 """
@@ -95,7 +99,9 @@ def shared_slice_rows(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: 
 
 
 class ServiceModel:
-    """Predicted device seconds of Work; corrected after each round (thread-safe: parameters are swapped whole)."""
+    """Predicted device seconds of Work; corrected after each round (thread-safe: parameters are swapped whole).
+    The parameters are serial prices (one batch at a time); `lanes` batches at once take `overlap` times the sum of
+    theirs (1: no gain, 1 / lanes: no cost to running them together)."""
 
     # How far one round moves the estimate towards what it measured (in log space), and the largest correction
     # one round may ask for: a round slowed by something else (a GC pause, a noisy neighbour) moves it little.
@@ -103,8 +109,10 @@ class ServiceModel:
     MAX_RATIO = 4.0
     FLOOR = 1e-9  # a parameter never reaches 0 (a multiplicative update could not move it back)
 
-    def __init__(self, per_batch: float, per_token: dict[str, float]) -> None:
+    def __init__(self, per_batch: float, per_token: dict[str, float], lanes: int = 1, overlap: float = 1.0) -> None:
         self._params = tuple(max(v, self.FLOOR) for v in (per_batch, *(per_token[k] for k in KINDS)))
+        self.lanes = lanes
+        self.overlap = min(max(overlap, 1 / lanes), 1.0)
         self.rounds = 0  # rounds observed since start-up
 
     @classmethod
@@ -113,12 +121,27 @@ class ServiceModel:
         return cls(1e-3, dict.fromkeys(KINDS, 1e-5))
 
     def seconds(self, work: Work) -> float:
-        return sum(p * x for p, x in zip(self._params, work.vector()))
+        return sum(p * x for p, x in zip(self._params, work.vector())) * self.lanes_factor(work.batches)
+
+    def lanes_factor(self, batches: float) -> float:
+        """Seconds of `batches` device batches on the lanes over their serial seconds: full groups of `lanes` batches
+        take `overlap` of theirs, a group of fewer in between (one alone: all of its own); linear between whole
+        counts, and 1 up to one batch (a share of a batch is priced as run alone)."""
+        if self.lanes == 1 or batches <= 1:
+            return 1.0
+        lanes, group = self.lanes, self.lanes * self.overlap  # a full group's seconds, in batches
+
+        def wall(n: int) -> float:  # seconds of n whole batches, in batches
+            full, rest = divmod(n, lanes)
+            return full * group + (1 + (group - 1) * (rest - 1) / (lanes - 1) if rest else 0.0)
+        low = math.floor(batches)
+        return (wall(low) + (batches - low) * (wall(low + 1) - wall(low))) / batches
 
     def observe(self, work: Work, seconds: float) -> None:
         """A round of this work took `seconds`: move each parameter by the share of the prediction it made."""
         params = self._params
-        shares = [p * x for p, x in zip(params, work.vector())]
+        factor = self.lanes_factor(work.batches)
+        shares = [p * x * factor for p, x in zip(params, work.vector())]
         predicted = sum(shares)
         if predicted <= 0 or seconds <= 0:
             return
@@ -143,4 +166,5 @@ class ServiceModel:
 
     def describe(self) -> str:
         rates = ", ".join(f"{kind} {rate:,.0f}" for kind, rate in self.tokens_per_second().items())
-        return f"{self.per_batch * 1000:.1f} ms per device batch; padded tokens/s: {rates}"
+        lanes = f"; {self.lanes} batches at once in {self.overlap:.2f} of their serial time" if self.lanes > 1 else ""
+        return f"{self.per_batch * 1000:.1f} ms per device batch; padded tokens/s: {rates}{lanes}"

@@ -25,10 +25,11 @@ Entries = list[tuple[Any, list]]  # a batch's outputs, each with the rows it ans
 Run = Callable[..., Any]  # run(program, bucket, *args): one program, recorded
 
 
-# Launcher threads a CPU may use. Two were faster (above), but admission's service model (runtime.requests.cost) is
-# calibrated one batch at a time, and with two the open-loop overload test (tests/e2e) failed (2026-11-29): at 0.7x
-# the measured capacity it refused one request of 18. 1 until the model prices rounds of two.
-MAX_CPU_THREADS = 1
+# Launcher threads a CPU may use. Two were faster (above). Admission's service model (runtime.requests.cost) prices
+# a round by its batches two at a time, from their overlap measured at start (runtime.assembly.calibration): priced
+# one at a time, the open-loop overload test (tests/e2e) failed once at 0.7x its capacity, and a simulated device of
+# two lanes left requests queued past their deadline (tests/runtime/requests/test_scheduler_simulated.py).
+MAX_CPU_THREADS = 2
 
 
 def cpu_threads(cores: int | None = None) -> int:
@@ -58,6 +59,7 @@ class Launcher:
 
     def __init__(self, programs: Callable[..., Any], threads: int = 1):
         self._programs = programs
+        self.threads = threads  # batches run at once (the service model prices rounds by them)
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="scorefn-batch") \
             if threads > 1 else None
 

@@ -43,6 +43,29 @@ def test_the_service_model_learns_the_device_from_rounds() -> None:
     assert model.seconds(shapes[0]) < 1.6 * before
 
 
+def test_two_lanes_price_a_round_by_its_batches_run_two_at_a_time() -> None:
+    """Two batches at once in `overlap` of their serial seconds, one alone in all of its own: a round of 3 is a pair
+    and one; a share of a batch (a slice's marginal price) is priced alone; one lane never overlaps."""
+    one, two = (ServiceModel(0.1, dict.fromkeys(KINDS, 1e-3), lanes, overlap=0.8) for lanes in (1, 2))
+    assert [two.lanes_factor(n) for n in (0.5, 1, 2, 3, 4)] == pytest.approx([1, 1, 0.8, (1.6 + 1) / 3, 0.8])
+    assert two.lanes_factor(1.5) == pytest.approx((1 + 0.5 * 0.6) / 1.5)  # between a batch alone and a pair
+    assert [one.lanes_factor(n) for n in (0.5, 2, 3)] == [1, 1, 1]
+    pair = Work(batches=2, full=512)
+    assert two.seconds(pair) == pytest.approx(0.8 * one.seconds(pair))
+    assert ServiceModel(0.1, dict.fromkeys(KINDS, 1e-3), 2, overlap=0.1).overlap == 0.5  # never faster than both free
+
+    # Learning serial prices from rounds of 1-4 batches on a two-lane device: one batch alone is priced right too.
+    true = ServiceModel(0.05, {"full": 1.5e-3, "context": 1e-3, "continuation": 2e-3, "completion": 2e-3}, 2, 0.85)
+    model = ServiceModel(0.2, dict.fromkeys(KINDS, 0.5e-3), 2, 0.85)
+    shapes = [Work(batches=1, full=32), Work(batches=4, full=2048), Work(batches=2, context=512, continuation=256),
+              Work(batches=1, completion=256), Work(batches=3, full=256, continuation=1024)]
+    for _ in range(60):
+        for work in shapes:
+            model.observe(work, true.seconds(work))
+    for work in shapes + [Work(batches=1, full=512), Work(batches=2, full=64, completion=2048)]:
+        assert model.seconds(work) == pytest.approx(true.seconds(work), rel=0.15)
+
+
 def test_the_plan_prices_a_device_batch_in_tokens_from_the_service_model() -> None:
     from runtime.shapes.buckets import BucketPlan
     from runtime.shapes.grid import GridLayout
