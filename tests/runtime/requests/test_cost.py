@@ -28,19 +28,29 @@ def test_the_work_of_requests_as_the_plan_splits_them():
     assert shared_slice_rows(PLAN, shared) == 4 and shared_slice_rows(PLAN, full) == 1
 
 
-def test_the_service_model_learns_the_device_from_rounds() -> None:
-    true = ServiceModel(0.05, {"full": 1.5e-3, "context": 1e-3, "continuation": 2e-3, "completion": 2e-3})
-    model = ServiceModel(0.2, dict.fromkeys(KINDS, 0.5e-3))  # a poor seed: 4x the batch price, a third of tokens
-    shapes = [Work(batches=1, full=32), Work(batches=4, full=2048), Work(batches=2, context=512, continuation=256),
-              Work(batches=1, completion=256), Work(batches=3, full=256, continuation=1024)]
+TRUE_PRICES = {"full": 1.5e-3, "context": 1e-3, "continuation": 2e-3, "completion": 2e-3}
+ROUNDS = [Work(batches=1, full=32), Work(batches=4, full=2048), Work(batches=2, context=512, continuation=256),
+          Work(batches=1, completion=256), Work(batches=3, full=256, continuation=1024)]
+
+
+def learned(lanes: int = 1, overlap: float = 1.0) -> tuple[ServiceModel, ServiceModel]:
+    """A device's true model and one learned from 60 passes over ROUNDS, seeded poorly (4x the batch price, a third
+    of the tokens')."""
+    true = ServiceModel(0.05, TRUE_PRICES, lanes, overlap)
+    model = ServiceModel(0.2, dict.fromkeys(KINDS, 0.5e-3), lanes, overlap)
     for _ in range(60):
-        for work in shapes:
+        for work in ROUNDS:
             model.observe(work, true.seconds(work))
-    for work in shapes + [Work(batches=10, full=320), Work(batches=1, completion=2048, full=64)]:
+    return true, model
+
+
+def test_the_service_model_learns_the_device_from_rounds() -> None:
+    true, model = learned()
+    for work in ROUNDS + [Work(batches=10, full=320), Work(batches=1, completion=2048, full=64)]:
         assert model.seconds(work) == pytest.approx(true.seconds(work), rel=0.15)
-    before = model.seconds(shapes[0])
-    model.observe(shapes[0], 100.0)  # one round slowed by something else moves the estimate a little
-    assert model.seconds(shapes[0]) < 1.6 * before
+    before = model.seconds(ROUNDS[0])
+    model.observe(ROUNDS[0], 100.0)  # one round slowed by something else moves the estimate a little
+    assert model.seconds(ROUNDS[0]) < 1.6 * before
 
 
 def test_two_lanes_price_a_round_by_its_batches_run_two_at_a_time() -> None:
@@ -54,15 +64,9 @@ def test_two_lanes_price_a_round_by_its_batches_run_two_at_a_time() -> None:
     assert two.seconds(pair) == pytest.approx(0.8 * one.seconds(pair))
     assert ServiceModel(0.1, dict.fromkeys(KINDS, 1e-3), 2, overlap=0.1).overlap == 0.5  # never faster than both free
 
-    # Learning serial prices from rounds of 1-4 batches on a two-lane device: one batch alone is priced right too.
-    true = ServiceModel(0.05, {"full": 1.5e-3, "context": 1e-3, "continuation": 2e-3, "completion": 2e-3}, 2, 0.85)
-    model = ServiceModel(0.2, dict.fromkeys(KINDS, 0.5e-3), 2, 0.85)
-    shapes = [Work(batches=1, full=32), Work(batches=4, full=2048), Work(batches=2, context=512, continuation=256),
-              Work(batches=1, completion=256), Work(batches=3, full=256, continuation=1024)]
-    for _ in range(60):
-        for work in shapes:
-            model.observe(work, true.seconds(work))
-    for work in shapes + [Work(batches=1, full=512), Work(batches=2, full=64, completion=2048)]:
+    # Serial prices learned from rounds of 1-4 batches on a two-lane device: a batch alone is priced right too.
+    true, model = learned(lanes=2, overlap=0.85)
+    for work in ROUNDS + [Work(batches=1, full=512), Work(batches=2, full=64, completion=2048)]:
         assert model.seconds(work) == pytest.approx(true.seconds(work), rel=0.15)
 
 
