@@ -51,6 +51,8 @@ _ENGINE_GAUGES = {
     "service_seconds_per_batch": "Estimated fixed device seconds of one device batch (from the rounds run).",
     "service_tokens_per_second": "Estimated device throughput in padded tokens per second, by bucket kind "
                                  "(full, context, continuation, completion), once batches are large.",
+    "service_batch_overlap": "Seconds of two device batches run at once (a CPU's launcher threads) over the sum of "
+                             "each alone, measured at start; 1 where batches run one at a time.",
     "startup_seconds": "Seconds of each phase of the start (boot, import, load, compile, calibrate): their sum is "
                        "the time from the process's start to ready.",
     "startup_executables": "The start's executables by where they came from: stored (the executable store, e.g. "

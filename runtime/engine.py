@@ -225,7 +225,8 @@ class Engine:
         stats: dict[str, float | dict[str, float]] = {**counters, "queue_depth": 0, **rounds}
         if self._scheduler is not None:
             stats.update(self._scheduler.stats(), service_seconds_per_batch=self.service.per_batch,
-                         service_tokens_per_second=self.service.tokens_per_second())
+                         service_tokens_per_second=self.service.tokens_per_second(),
+                         service_batch_overlap=self.service.overlap)
         if self.timings:  # the start, once it is done: its phases and where its executables came from
             stats["startup_seconds"] = {key.removesuffix("_s"): value for key, value in self.timings.items()
                                         if key.endswith("_s")}

@@ -116,7 +116,7 @@ class FakeEngine:
         return {"compiles": 12.0, "queue_depth": float(len(self.held)), "device_batches": float(len(self.submissions)),
                 "device_batch_sequences": float(sum(len(s) for s, _, _ in self.submissions)),
                 "predicted_wait_seconds": 0.75, "load": 0.4, "refused_wait": 3.0,
-                "service_tokens_per_second": {"full": 900.0, "completion": 700.0}}
+                "service_tokens_per_second": {"full": 900.0, "completion": 700.0}, "service_batch_overlap": 0.88}
 
     def stop(self, grace_seconds: float) -> None:
         self.stop_grace = grace_seconds

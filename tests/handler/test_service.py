@@ -276,6 +276,7 @@ def test_metrics(client: Client) -> None:
     assert _sample(text, "scorefn_engine_load") == 0.4  # the autoscaling signal
     assert _sample(text, "scorefn_engine_refused_wait_total") == 3
     assert _sample(text, 'scorefn_engine_service_tokens_per_second{kind="full"}') == 900
+    assert _sample(text, "scorefn_engine_service_batch_overlap") == 0.88
     assert "# TYPE scorefn_engine_predicted_wait_seconds gauge" in text
     assert 'scorefn_items_per_request_bucket{le="4.0"} 1.0' in text
     assert _sample(text, 'scorefn_platform_info{backend="cpu",batch_invariant="true",dtype="float32"}') == 1
