@@ -21,7 +21,7 @@ def calibrate(scorer: Scorer, grow_until: float = 2.0, step_cap_s: float = 0.3) 
     of about as many tokens (the vocabulary head at every position: about twice the price of a full token on the
     development CPU). A shared prefix's context and continuation start at the full price (within a third of it,
     measured) and are told apart by the rounds that run them. Where the scorer runs two batches at once (a CPU's
-    launcher threads), the last full bucket and the one before it (or the completion bucket) run together too: their
+    launcher threads), the last full bucket runs beside the completion bucket (or the full bucket before it): their
     overlap, the seconds of both at once over the sum of each alone. On the development CPU three to five buckets; on
     an accelerator each run takes milliseconds.
     """

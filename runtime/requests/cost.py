@@ -8,10 +8,10 @@ Every device batch pays a fixed price (the weights stream through once, the laun
 share of the matmuls; the kinds differ (a continuation also attends to its shared context, a completion row runs the
 vocabulary head at every position). A CPU may run a round's batches on several launcher threads at once
 (runtime.requests.launch): `lanes` of them take `overlap` times their serial seconds, where one batch alone takes its
-own, so a round of one batch and a round of two are priced apart (one price for both misled admission: calibrated on
-rounds of two, it promised rounds of one too early). The estimate is seeded at start-up by timing a few buckets
-(runtime.assembly.calibration) and then corrected after every device round by what the round really took
-(`ServiceModel.observe`). Pure Python.
+own, so a round of one batch and a round of two are priced apart (one price for both learned the cheaper pairs and
+promised rounds of one batch too early: tests/runtime/requests/test_scheduler_simulated.py). The estimate is seeded
+at start-up by timing a few buckets (runtime.assembly.calibration) and then corrected after every device round by
+what the round really took (`ServiceModel.observe`). Pure Python.
 """
 
 from __future__ import annotations
