@@ -1,5 +1,5 @@
-"""The service model's first prices (runtime.assembly.calibration) on a tiny model: with two launcher threads, the
-overlap of two batches run at once is measured; with one, rounds are priced serially."""
+"""The service model's first prices (runtime.assembly.calibration) on a tiny model: with two launcher threads, a
+pair of batches is timed together and the model prices two lanes; with one, rounds are priced serially."""
 
 from __future__ import annotations
 
@@ -10,13 +10,23 @@ from runtime.requests.cost import Work
 from tests.runtime.conftest import scorer_for, small_plan
 
 
-def test_calibration_measures_two_lanes_where_the_scorer_runs_two_batches_at_once(tiny_llama_dir) -> None:
-    plan = small_plan(completion_batches=(1, 8))
-    two = calibrate(scorer_for(tiny_llama_dir, plan=plan, concurrent_batches=2))
-    assert two.lanes == 2
-    # A ratio of timings (the pair's partner is the completion batch, never put in one batch with a full one).
-    assert 0.5 <= two.overlap <= 1.0 and two.overlap != 1.0
-    assert two.seconds(Work(batches=2, full=256)) < two.seconds(Work(batches=1, full=128)) * 2
-    one = calibrate(scorer_for(tiny_llama_dir, plan=plan, concurrent_batches=1))
+def calibrated(model_dir, threads: int):
+    """The calibrated model, and the kinds of the jobs of every call calibration scored."""
+    scorer = scorer_for(model_dir, plan=small_plan(completion_batches=(1, 8)), concurrent_batches=threads)
+    calls, score_jobs = [], scorer.score_jobs
+    scorer.score_jobs = lambda jobs: calls.append(tuple(type(job).__name__ for job in jobs)) or score_jobs(jobs)
+    return calibrate(scorer), calls
+
+
+def test_calibration_times_a_pair_where_the_scorer_runs_two_batches_at_once(tiny_llama_dir) -> None:
+    two, calls = calibrated(tiny_llama_dir, 2)
+    assert calls[-2:] == [("Job", "TokenJob")] * 2  # the big full bucket beside the completion bucket, twice
+    # Their seconds together over each alone: a ratio of timings, in [1/2, 1] (a loaded host may read 1: no gain).
+    assert two.lanes == 2 and 0.5 <= two.overlap <= 1.0
+    assert two.seconds(Work(batches=2, full=256)) == pytest.approx(
+        two.overlap * two.seconds(Work(batches=1, full=128)) * 2)
+
+    one, calls = calibrated(tiny_llama_dir, 1)
+    assert all(len(jobs) == 1 for jobs in calls)  # nothing timed together
     assert (one.lanes, one.overlap) == (1, 1.0)
     assert one.seconds(Work(batches=2, full=256)) == pytest.approx(one.seconds(Work(batches=1, full=128)) * 2)
