@@ -7,7 +7,7 @@ running estimate of the seconds they take on this device.
 Every device batch pays a fixed price (the weights stream through once, the launches), every padded token its
 share of the matmuls; the kinds differ (a continuation also attends to its shared context, a completion row runs the
 vocabulary head at every position). A CPU may run a round's batches on several launcher threads at once
-(runtime.requests.launch): `lanes` of them take `overlap` times their serial seconds, where one batch alone takes its
+(runtime.requests.launch): two of them take `overlap` times their serial seconds, where one batch alone takes its
 own, so a round of one batch and a round of two are priced apart (one price for both learned the cheaper pairs and
 promised rounds of one batch too early: tests/runtime/requests/test_scheduler_simulated.py). The estimate is seeded
 at start-up by timing a few buckets (runtime.assembly.calibration) and then corrected after every device round by
@@ -100,8 +100,9 @@ def shared_slice_rows(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: 
 
 class ServiceModel:
     """Predicted device seconds of Work; corrected after each round (thread-safe: parameters are swapped whole).
-    The parameters are serial prices (one batch at a time); `lanes` batches at once take `overlap` times the sum of
-    theirs (1: no gain, 1 / lanes: no cost to running them together)."""
+    The parameters are serial prices (one batch at a time); with two lanes, two batches at once take `overlap` times
+    the sum of theirs (1: no gain, 1/2: no cost to running them together). Other lane counts are priced serially:
+    calibration measures pairs (runtime.requests.launch.MAX_CPU_THREADS is 2)."""
 
     # How far one round moves the estimate towards what it measured (in log space), and the largest correction
     # one round may ask for: a round slowed by something else (a GC pause, a noisy neighbour) moves it little.
@@ -112,7 +113,7 @@ class ServiceModel:
     def __init__(self, per_batch: float, per_token: dict[str, float], lanes: int = 1, overlap: float = 1.0) -> None:
         self._params = tuple(max(v, self.FLOOR) for v in (per_batch, *(per_token[k] for k in KINDS)))
         self.lanes = lanes
-        self.overlap = min(max(overlap, 1 / lanes), 1.0)
+        self.overlap = min(max(overlap, 0.5), 1.0) if lanes == 2 else 1.0
         self.rounds = 0  # rounds observed since start-up
 
     @classmethod
@@ -124,16 +125,14 @@ class ServiceModel:
         return sum(p * x for p, x in zip(self._params, work.vector())) * self.lanes_factor(work.batches)
 
     def lanes_factor(self, batches: float) -> float:
-        """Seconds of `batches` device batches on the lanes over their serial seconds: full groups of `lanes` batches
-        take `overlap` of theirs, a group of fewer in between (one alone: all of its own); linear between whole
-        counts, and 1 up to one batch (a share of a batch is priced as run alone)."""
-        if self.lanes == 1 or batches <= 1:
+        """Seconds of `batches` device batches over their serial seconds: pairs take `overlap` of theirs, a batch
+        alone all of its own; linear between whole counts, and 1 up to one batch (a share of a batch is priced as run
+        alone)."""
+        if batches <= 1:
             return 1.0
-        lanes, group = self.lanes, self.lanes * self.overlap  # a full group's seconds, in batches
 
         def wall(n: int) -> float:  # seconds of n whole batches, in batches
-            full, rest = divmod(n, lanes)
-            return full * group + (1 + (group - 1) * (rest - 1) / (lanes - 1) if rest else 0.0)
+            return n // 2 * 2 * self.overlap + n % 2
         low = math.floor(batches)
         return (wall(low) + (batches - low) * (wall(low + 1) - wall(low))) / batches
 
