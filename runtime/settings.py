@@ -114,7 +114,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Item lengths (tokens after a shared prefix) compiled for shared-prefix scoring."),
     Setting("suffix_batch_buckets", "auto", _auto(_csv_ints),
             "Batch sizes compiled for shared-prefix scoring; larger requests run several such batches. "
-            "auto: 8,32 on CPU; 8,32,128,256,512 on GPU and TPU."),
+            "auto: 4,16 on CPU; 8,32,128,256,512 on GPU and TPU."),
     Setting("completion_batch_buckets", "auto", _auto(_csv_ints),
             "Batch sizes compiled for per-position log-probabilities (/v1/completions). "
             "auto: 1,8 on CPU; 1,16 on GPU and TPU (a larger batch runs as several of 16)."),
