@@ -31,10 +31,8 @@ from runtime.settings import Settings
 
 log = logging.getLogger("scorefn.runtime")
 
-DEFAULT_BUCKETS = {
-    # backend -> (batch buckets, suffix batch buckets, max tokens of one bucket, completion batch buckets)
-    # CPU suffix batches of 4 and 16 items, not 8 and 32: W2, W5 and W6 took 0.96x, 0.84x and 0.91x the time (AMD
-    # EPYC without AVX-512, float32, in turns, 2026-11-29), a W5 batch within 3% either way on a Zen 4 (bfloat16).
+DEFAULT_BUCKETS = {  # backend -> (batch buckets, suffix batch buckets, max tokens of one bucket, completion batches)
+    # CPU suffix batches 4, 16 (not 8, 32): docs/how-it-works/platform.md's table has the measurements.
     "cpu": ((1, 2, 4, 8, 16, 32), (4, 16), 16384, (1, 8)),
     "accelerator": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (8, 32, 128, 256, 512), 65536, (1, 16)),
 }
