@@ -92,9 +92,9 @@ SETTINGS: tuple[Setting, ...] = (
             "float32 to 1e-6."),
     Setting("attention", "auto", _choice("auto", "xla", "cudnn", "pallas"),
             "Attention kernel: xla or cudnn (jax.nn.dot_product_attention's), or pallas (the batch-invariant "
-            "kernels' on a GPU: Pallas kernels over fixed key blocks). auto: pallas on a GPU with "
-            "SCOREFN_BATCH_INVARIANT; cudnn (flash attention) on a GPU with bfloat16 when a start-up probe runs it; "
-            "else xla."),
+            "kernels' on a GPU or TPU: Pallas kernels over fixed key blocks, Triton's or Mosaic's). auto: pallas on "
+            "a GPU or TPU with SCOREFN_BATCH_INVARIANT; cudnn (flash attention) on a GPU with bfloat16 when a "
+            "start-up probe runs it; else xla."),
     Setting("layer_loop", "auto", _choice("auto", "scan", "unroll"),
             "Run the layers as one scanned body or unrolled (compiles several times slower). auto: scan."),
     # 24: a short classification prompt (a 15-token query and an item of ~8) padded to 32 paid a third more tokens

@@ -263,11 +263,11 @@ def resolve(settings: Settings, backend: str | None = None, data: int = 1, cpu: 
     if settings.attention == "pallas" and not batch_invariant:
         raise ValueError("SCOREFN_ATTENTION=pallas is the batch-invariant kernels' attention: it needs "
                          "SCOREFN_BATCH_INVARIANT true (or auto on a CPU)")
-    # Batch-invariant on a GPU: its attention as Pallas kernels over fixed key blocks (a loop of per-tile XLA
-    # dots was 334x the default on an H100); elsewhere XLA's (runtime.model.invariant).
+    # Batch-invariant: on an accelerator Pallas kernels over fixed key blocks (Mosaic's on a TPU), on a CPU XLA's.
     attention = settings.attention if settings.attention != "auto" else (
-        "pallas" if backend == "gpu" and batch_invariant else
+        "pallas" if accelerator and batch_invariant else
         "cudnn" if backend == "gpu" and dtype == "bfloat16" and not batch_invariant else "xla")
+    attention = "pallas_tpu" if attention == "pallas" and backend == "tpu" else attention
     kernels = Kernels(unroll=loop == "unroll", attention=attention,
                       attention_dtype=attention_dtype(backend, dtype, attention),
                       matmul_precision="highest" if accelerator else None, batch_invariant=batch_invariant,

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from runtime.model import attention, invariant, pallas_attention
+from runtime.model import attention, invariant
 from runtime.model.config import ModelConfig
 from runtime.model.kernels import Kernels
 from runtime.model.layers import dense, gated_mlp, project, rms_norm, rope_tables, rotate, routed_experts
@@ -156,7 +156,12 @@ class DecoderLayer:
         if stream:
             context = None if ctx is None else ctx[:3]
             if self.kernels.attention == "pallas":
+                from runtime.model import pallas_attention
                 return pallas_attention.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap, context)
+            if self.kernels.attention == "pallas_tpu":
+                from runtime.model import pallas_tpu_attention
+                return pallas_tpu_attention.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap,
+                                                   context)
             return invariant.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap, context,
                                     self.kernels.min_rows)
         if ctx is None:

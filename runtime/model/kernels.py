@@ -14,7 +14,8 @@ from runtime.model import invariant
 class Kernels:
     """How the layers run; runtime.assembly.platform picks these per platform from measurements."""
     unroll: bool = False  # unroll the layer loop instead of lax.scan
-    attention: str = "xla"  # implementation of jax.nn.dot_product_attention: xla | cudnn
+    # jax.nn.dot_product_attention's xla | cudnn, or the batch-invariant kernels' pallas (GPU) | pallas_tpu (Mosaic)
+    attention: str = "xla"
     attention_dtype: str = "float32"  # queries, keys and values of attention (and the shared-prefix KV)
     matmul_precision: str | None = None  # traced under jax.default_matmul_precision (e.g. "highest": no TF32)
     batch_invariant: bool = False  # whole rows computed so that a row's bits never depend on the others (invariant)

@@ -29,6 +29,8 @@ from runtime.settings import load_settings
 log = logging.getLogger("scorefn.runtime")
 
 CUDNN_ATTENTION_CALL = "__cudnn$fmha"  # XLA's custom-call target prefix for cuDNN fused attention
+# The custom calls of Pallas kernels (the batch-invariant attention): Triton's on a GPU, Mosaic's on a TPU
+PALLAS_CALLS = ("__gpu$xla.gpu.triton", 'custom_call_target="tpu_custom_call"')
 
 
 def model_config_dir(model: str, cache_dir: str) -> Path:
@@ -50,9 +52,14 @@ def executable_report(method: str, key: tuple, compiled, seconds: float, stored_
             "temp_bytes": memory.temp_size_in_bytes if memory else None,
             "alias_bytes": memory.alias_size_in_bytes if memory else None,
             "serialized_bytes": stored_bytes,
-            "attention": "cudnn" if CUDNN_ATTENTION_CALL in compiled.as_text() else "xla",
+            "attention": attention_in(compiled.as_text()),
             "flops": cost.get("flops") if cost else None,
             "bytes_accessed": cost.get("bytes accessed") if cost else None}
+
+
+def attention_in(hlo: str) -> str:
+    """cudnn or pallas where the program holds their calls, else xla."""
+    return "cudnn" if CUDNN_ATTENTION_CALL in hlo else "pallas" if any(call in hlo for call in PALLAS_CALLS) else "xla"
 
 
 def device_bytes(row: dict) -> int:

@@ -18,6 +18,7 @@ import re
 import sys
 import time
 import warnings
+from collections.abc import Callable
 
 
 def computations(hlo: str) -> dict[str, str]:
@@ -79,9 +80,8 @@ def layer_gemms(hlo: str, layers: int) -> tuple[list[str], int]:
     return sorted(found), kernels
 
 
-def loop_dots(hlo: str, depth: int = 3) -> list[str]:
-    """The result shapes of the matmuls (dots, cuBLAS calls, a TPU's convolutions) inside at least `depth` nested while loops: those of
-    the batch-invariant attention's key blocks (layer loop > tile loop > block loop)."""
+def in_loops(hlo: str, depth: int, found_in: Callable[[str], set[str]]) -> list[str]:
+    """What `found_in` finds in the text of every computation inside at least `depth` nested while loops."""
     comps = computations(hlo)
     found: set[str] = set()
 
@@ -91,15 +91,27 @@ def loop_dots(hlo: str, depth: int = 3) -> list[str]:
         seen.add((name, loops))
         text = comps[name]
         if loops >= depth:
-            found.update(re.sub(r"\{[^}]*\}", "", shape) for shape, op, rest in
-                         re.findall(r"= (\S+) (dot|convolution|custom-call)\(([^\n]*)", text)
-                         if op != "custom-call" or "gemm" in rest)
+            found.update(found_in(text))
         for kind, callee in re.findall(r"(body|condition|calls|to_apply|branch_computations)=\{?%?([\w.\-]+)", text):
             visit(callee, loops + (kind == "body"), seen)
     entry = re.search(r"^ENTRY %?([\w.\-]+)", hlo, re.M)
     if entry:
         visit(entry.group(1), 0, set())
     return sorted(found)
+
+
+def loop_dots(hlo: str, depth: int = 3) -> list[str]:
+    """The result shapes of the matmuls (dots, cuBLAS calls, a TPU's convolutions) inside at least `depth` nested while loops: those of
+    the batch-invariant attention's key blocks (layer loop > tile loop > block loop)."""
+    return in_loops(hlo, depth, lambda text: {re.sub(r"\{[^}]*\}", "", shape) for shape, op, rest in
+                                              re.findall(r"= (\S+) (dot|convolution|custom-call)\(([^\n]*)", text)
+                                              if op != "custom-call" or "gemm" in rest})
+
+
+def loop_kernels(hlo: str) -> list[str]:
+    """The custom-call targets inside the layer loop (a TPU's says no trip count): a Mosaic kernel is
+    "tpu_custom_call"."""
+    return in_loops(hlo, 1, lambda text: set(re.findall(r'custom_call_target="([^"]+)"', text)))
 
 
 def run(spec: dict) -> dict:
@@ -137,6 +149,7 @@ def run(spec: dict) -> dict:
             row["attention_dots"] = loop_dots(compiled.as_text())
             row["layer_gemms"], row["pallas_layer_loops"] = layer_gemms(compiled.as_text(), cfg.num_layers)
             row["loop_gemms"] = loop_dots(compiled.as_text(), 2)  # a TPU's layer loop says no trip count
+            row["loop_kernels"] = loop_kernels(compiled.as_text())
             rows.append(row)
         entry = {"platform": platform.describe(), "fingerprint": scorer.exe.fingerprint,
                  "compiler_options": scorer.exe.compiler_options,

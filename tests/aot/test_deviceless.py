@@ -189,20 +189,27 @@ def test_the_batch_invariant_gpu_programs_pass_every_row_through_one_set_of_gemm
     assert all(shape.split("[")[1].startswith(f"{ACCELERATOR_STREAM_CHUNK},") for shape in next(iter(gemms))), gemms
     for row in rows:
         assert (row["pallas_layer_loops"], row["cudnn_layer_loops"], row["layer_loops"]) == (1, 0, 1), row["bucket"]
-        assert row["attention_dots"] == [] and row["serialized_bytes"] > 0, row["bucket"]
+        assert row["attention_dots"] == [] and row["serialized_bytes"] > 0 and row["attention"] == "pallas", \
+            row["bucket"]
     assert case["compiler_options"] == {"xla_gpu_exclude_nondeterministic_ops": True, "xla_gpu_autotune_level": 0}
 
 
-def test_the_batch_invariant_tpu_programs_compile_with_one_set_of_gemms(deviceless):
-    """The same design for a TPU v5e, compiled deviceless: the token stream in fixed chunks, attention as XLA's
-    blocked kernels (runtime.model.invariant): one set of matmul shapes in every bucket's layer body. Not run on a
-    TPU (none is lent): whether its bits hold there is unshown."""
+def test_the_batch_invariant_tpu_programs_pass_every_row_through_one_set_of_gemms_and_one_attention_kernel(
+        deviceless):
+    """The same design for a TPU v5e, compiled deviceless: the token stream in fixed chunks (one set of matmul shapes
+    in every bucket's layer body) and attention as a Mosaic kernel in the layer loop (runtime.model.
+    pallas_tpu_attention), no per-tile XLA dots; the default programs hold no kernel there. Not run on a TPU (none is
+    lent): whether its bits hold there is unshown."""
     case = deviceless["tpu_invariant"]
-    assert "batch-invariant on" in case["platform"]
+    assert "batch-invariant on" in case["platform"] and "attention pallas_tpu in bfloat16" in case["platform"]
     rows = case["executables"]
     assert {row["method"] for row in rows} == INVARIANT_BODIES and len(rows) >= 7
     stream = {tuple(s for s in row["loop_gemms"] if s.split("[")[1].startswith(f"{ACCELERATOR_STREAM_CHUNK},"))
               for row in rows}
     assert len(stream) == 1 and stream != {()}, stream
-    assert all(row["serialized_bytes"] > 0 and row["cudnn_layer_loops"] == 0 for row in rows)
+    for row in rows:
+        assert row["loop_kernels"] == ["tpu_custom_call"] and row["attention_dots"] == [], row["bucket"]
+        assert row["attention"] == "pallas", row["bucket"]  # what `scorefn compile --json-out` says
+        assert row["serialized_bytes"] > 0 and row["cudnn_layer_loops"] == 0, row["bucket"]
+    assert all(row["loop_kernels"] == [] for row in deviceless["tpu_grid"]["executables"])
     assert case["compiler_options"] == {}

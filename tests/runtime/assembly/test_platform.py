@@ -98,7 +98,10 @@ def test_batch_invariance_is_on_by_default_on_a_cpu_only():
     gpu = resolve(load_settings(environ={"SCOREFN_BATCH_INVARIANT": "true"}), backend="gpu")
     assert gpu.kernels.attention == "pallas" and isinstance(gpu.layout, GridLayout)  # what the invariant kernels run
     tpu = resolve(load_settings(environ={"SCOREFN_BATCH_INVARIANT": "true"}), backend="tpu")
-    assert tpu.kernels.attention == "xla" and isinstance(tpu.layout, GridLayout)
+    assert tpu.kernels.attention == "pallas_tpu" and isinstance(tpu.layout, GridLayout)  # Mosaic's kernel
+    explicit = resolve(load_settings(environ={"SCOREFN_BATCH_INVARIANT": "true", "SCOREFN_ATTENTION": "pallas"}),
+                       backend="tpu")
+    assert explicit.kernels.attention == "pallas_tpu"  # the setting names Pallas; the platform picks its backend
     assert not invariant("cpu", SCOREFN_ATTENTION="cudnn")  # auto yields to an explicit choice it cannot run
 
 
