@@ -56,7 +56,12 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
     # Whole blocks, and one more: the block that holds the prefix's end is always in range.
     C = (-(-ctx_k.shape[0] // BLOCK_K) + 1) * BLOCK_K
     ctx_k, ctx_v = (jnp.pad(a.astype(k.dtype), ((0, C - a.shape[0]), (0, 0), (0, 0))) for a in (ctx_k, ctx_v))
-    keys, values = (_from_the_prefix_end(rows, prefix, length, padded) for rows, prefix in ((k, ctx_k), (v, ctx_v)))
+    if context is None:  # the rows' keys are at absolute positions already: nothing to lay out
+        keys, values = (jnp.pad(a, ((0, 0), (0, BLOCK_K + padded - T), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+                        for a in (k, v))
+    else:
+        keys, values = (_from_the_prefix_end(rows, prefix, length, padded)
+                        for rows, prefix in ((k, ctx_k), (v, ctx_v)))
     scalars = jnp.stack([length, jnp.asarray(NO_WINDOW if window is None else window, jnp.int32)])
     by_head = lambda b, h, i, scalars: (b, h, i, 0)  # noqa: E731
     # lax.div, not //, here and in the kernel: a floor division lowers through the compiling host's TPU generation
