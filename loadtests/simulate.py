@@ -114,7 +114,7 @@ def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, 
     names, start, mix_capacity = [name for name, _ in MIX], 0.0, capacity(plan, device)
     for phase, (times, length) in enumerate(phases):
         t = start
-        while (t := t + rng.expovariate(times * mix_capacity)) < start + length:
+        while times > 0 and (t := t + rng.expovariate(times * mix_capacity)) < start + length:
             at(t, "arrive", (rng.choices(names, [weight for _, weight in MIX])[0], phase, None))
         start += length
     if bulk_items:
@@ -186,7 +186,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     share = sum(r.get("status") == 200 for r in mix) / max(1, len(mix))
     bounded = [r["latency"] for r in mix if r["kind"] in BOUNDED and r.get("status") == 200]
     return {"kinds": kinds, "mix_answered_share": share, "mix_refused": sum(r.get("status") == 429 for r in mix),
-            "fairness": min(kinds[name]["answered_share"] for name, _ in MIX if name in kinds) / max(share, 1e-9),
+            "fairness": min((kinds[name]["answered_share"] for name, _ in MIX if name in kinds), default=share)
+            / max(share, 1e-9),
             "bounded_p99_s": percentile(bounded, 99)}
 
 

@@ -19,8 +19,8 @@ from runtime.tasks.rerankers import Reranker
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """What admission predicted for a request, to set beside what happened: its wait for the device and its own
-    device seconds (as on a busy device)."""
+    """What admission predicted for a request, to set beside what happened: its wait for the device behind other
+    requests' work, and its own device seconds (its device batches run alone)."""
     queue_seconds: float
     device_seconds: float
 

@@ -1,33 +1,39 @@
 """Admission: queue a request only while it can be answered in time, refuse it (QueueFull, with Retry-After)
 otherwise, and under overload refuse every kind of request alike.
 
-The rules (`own`: the request's work; `ahead`: the remaining work of the queued requests shorter than it;
-`inflight`: the rounds dispatched and not done; `packing`: what rounds cost as planned over what their slices were
-priced at; OLDEST_SHARE: the oldest request's share of a round, runtime.requests.round_builder):
+The rules (`own`: the request's device seconds run alone, its own device batches: its service time, never a wait;
+`ahead`: the remaining work of the queued requests shorter than it; `inflight`: the rounds dispatched and not done;
+`packing`: what busy rounds cost as planned over what their slices were priced at; OLDEST_SHARE: the oldest request's
+share of a round, runtime.requests.round_builder):
 
-    wait = inflight + ahead / (1 - OLDEST_SHARE)  (no share taken when the oldest request is ahead anyway)
-    small:   inflight + packing * (ahead / (1 - OLDEST_SHARE) + own) <= max_wait
-                                               (it is answered within SCOREFN_MAX_WAIT_S)
-    any:     now + wait <= deadline            (it starts before SCOREFN_REQUEST_TIMEOUT_S)
-    overload (offered work above the device's capacity over the last 30 s and the last 5 s):
+    wait = inflight + packing * ahead / (1 - OLDEST_SHARE)   (the time behind other requests' work; no share taken
+                                                              when the oldest request is ahead anyway)
+    small (own <= max_wait / 2):  wait + own <= max_wait   (it is answered within SCOREFN_MAX_WAIT_S)
+    any:     now + inflight + ahead / (1 - OLDEST_SHARE) <= deadline   (it starts before SCOREFN_REQUEST_TIMEOUT_S)
+    overload (offered work above what the device computes over the last 30 s and the last 5 s):
              backlog <= BACKLOG_WAITS * max_wait
 
-Work is priced as a share of a full device batch, as on a busy device; but a round fills batches only as far as its
-budget lets it. A flood of one-item requests runs ~6 a round, in two batches of 4 rows, at 1.9x their price, and they
-waited 1.6x their predicted wait (p50 3.6 s for 2 s; AMD EPYC, 2026-11-26). So the promise to small requests counts the
-work ahead of them at what rounds really cost: `packing`, the rounds' planned cost over their slices' price, a moving
-average over the last rounds (never below 1). The other rules keep the price: they bound work, not a wait.
+Every rule refuses for work ahead of the request, never for its own: on an idle instance `wait` and the backlog are 0,
+so every request within the limits is admitted, and a large one (own over max_wait / 2, even over max_wait) is
+answered at its own pace: its promise is that it starts before its deadline while small requests keep theirs.
+
+Queued work is priced as a share of a full device batch, as on a busy device; but a round fills batches only as far
+as its budget lets it. A flood of one-item requests runs ~6 a round, in two batches of 4 rows, at 1.9x their price
+(AMD EPYC, 2026-11-26). So the wait counts the work ahead at what busy rounds really cost: `packing`, the planned cost
+over the slices' price of the rounds taken with work left queued behind them (a moving average, never below 1). A
+round of one request alone on an idle device says nothing of what a queue costs (a one-item request alone in its
+batch is ~7x its share of a full one) and teaches nothing.
 
 The backlog is all the work admitted and not done (in flight and queued), so under overload the queue drains to it and
 what was admitted before the overload was noticed is done before more is let in: once the load drops, the instance is
-back to normal as soon as that backlog is done. Offered work counts each request's up to SCOREFN_MAX_WAIT_S, and a
-request refused and sent again within the long window counts once: a client that retries after every Retry-After does
-not keep an overload alive. The overload rule does not depend on the request, so under overload every kind of request
-is refused in the same proportion and answered in proportion to what it asks; below capacity it never applies, so
-bursts are queued, not refused. Otherwise QueueFull, with the seconds until the work ahead has drained enough as
-Retry-After. SCOREFN_MAX_QUEUE stays a hard cap on the number of queued requests. A small request admitted that can no
-longer start in time, the device running slower than predicted, is refused when the round before it is taken. Pure
-Python.
+back to normal as soon as that backlog is done. Offered work counts each request's share of a busy device up to
+SCOREFN_MAX_WAIT_S, and a request refused and sent again within the long window counts once: a client that retries
+after every Retry-After does not keep an overload alive. The overload rule does not depend on the request, so under
+overload every kind of request is refused in the same proportion and answered in proportion to what it asks; below
+capacity it never applies, so bursts are queued, not refused. Otherwise QueueFull, with Retry-After the seconds until
+the work ahead is predicted to have drained enough for the rule that refused it to pass. SCOREFN_MAX_QUEUE stays a
+hard cap on the number of queued requests. A small request admitted that can no longer start in time, the device
+running slower than predicted, is refused when the round before it is taken. Pure Python.
 """
 
 from __future__ import annotations
@@ -58,9 +64,11 @@ class AdmissionControl:
     LOAD_WINDOWS_S = (30.0, 5.0)
 
     def __init__(self, backlog: Backlog, cost: Callable[[Any], Work], max_queue: int, max_wait_s: float,
-                 round_s: float, slice_rows: Callable[[Any], int] | None = None) -> None:
+                 round_s: float, slice_rows: Callable[[Any], int] | None = None,
+                 alone: Callable[[Any], Work] | None = None) -> None:
         """`cost(job)`: a request's device work on a busy device (what it adds to a round); `round_s`: a round's
-        budget; `slice_rows(job)`: the fewest of its rows worth a slice (default 1)."""
+        budget; `slice_rows(job)`: the fewest of its rows worth a slice (default 1); `alone(job)`: its work run alone,
+        its own device batches (default: `cost`)."""
         self.backlog = backlog
         self.model = backlog.model
         self.max_queue = max_queue
@@ -70,6 +78,7 @@ class AdmissionControl:
         self.refused = {"wait": 0, "deadline": 0, "overload": 0, "queue": 0, "late": 0}
         self.admitted = 0
         self._cost = cost
+        self._alone = alone or cost
         self._min_rows = slice_rows or (lambda job: 1)
         self._clock = backlog.clock
         self._offered = [0.0] * len(self.LOAD_WINDOWS_S)  # decayed sums of the work asked for (each request's up to
@@ -93,6 +102,7 @@ class AdmissionControl:
 
     def _admit(self, job: Any, deadline: float | None, request_id: str | None, trace: Any) -> Entry:
         work = self._cost(job)  # outside the lock: finding a shared prefix reads every sequence
+        alone = self._alone(job)
         shared = Work(batches=1, context=work.context) if work.context else Work()
         entry = Entry(job, deadline, request_id, shared, (work - shared) * (1 / len(job.sequences)),
                       min_rows=self._min_rows(job), trace=trace)
@@ -106,12 +116,12 @@ class AdmissionControl:
                 raise QueueFull(f"{self.max_queue} requests are already waiting (SCOREFN_MAX_QUEUE)",
                                 retry_after_s=self.backlog.in_flight_s() + self.round_s)
             now = self._clock()
-            own = self.model.seconds(work)
+            share = self.model.seconds(work)  # what it adds to a busy device: its place in the queue, its offer
             self._forget_refusals(now)
-            load = self._offer(now, 0.0 if key in self._refused_at else own)
-            entry.admission = Admission(own, self.wait_s(own), load)
+            load = self._offer(now, 0.0 if key in self._refused_at else share)
+            entry.admission = Admission(self.model.seconds(alone), self.packed_wait_s(share), load)
             try:
-                self._refuse_if_late(entry, now)
+                self._refuse_if_late(entry, now, share)
             except QueueFull:
                 key = fingerprint(job) if key is None else key
                 self._refused_at.pop(key, None)  # to the end: the dict stays in order of refusal
@@ -126,16 +136,17 @@ class AdmissionControl:
             self.backlog.lock.notify_all()
         return entry
 
-    def _refuse_if_late(self, entry: Entry, now: float) -> None:
-        """Raise QueueFull when the entry cannot be answered in time (lock held); see the module's rules."""
+    def _refuse_if_late(self, entry: Entry, now: float, share: float) -> None:
+        """Raise QueueFull when the entry cannot be answered in time (lock held); see the module's rules. The deadline
+        is judged at the queued work's price (a refusal there is a bet that the request would have been dropped)."""
         own, wait, load = entry.admission.own_s, entry.admission.wait_s, entry.admission.load
-        refusals = []  # (seconds over, reason, what the client is told)
-        if own <= self.max_wait_s / 2 and (wait := self._packed_wait_s(own)) + own > self.max_wait_s:
+        refusals = []  # (seconds over, reason, what the client is told): over is the wait to drain first
+        if own <= self.max_wait_s / 2 and wait + own > self.max_wait_s:
             refusals.append((wait + own - self.max_wait_s, "wait", f"this request would wait {wait:.1f} s for the "
                              f"device (its own work: {own:.1f} s), over the limit of {self.max_wait_s:g} s "
                              f"(SCOREFN_MAX_WAIT_S)"))
-        if entry.deadline is not None and now + wait > entry.deadline:
-            refusals.append((now + wait - entry.deadline, "deadline", f"this request would wait {wait:.1f} s for "
+        if entry.deadline is not None and now + (start := self.wait_s(share)) > entry.deadline:
+            refusals.append((now + start - entry.deadline, "deadline", f"this request would wait {start:.1f} s for "
                              f"the device, past its deadline (SCOREFN_REQUEST_TIMEOUT_S)"))
         if load > 1.0 and (backlog := self.backlog.seconds()) > self.backlog_limit_s:
             refusals.append((backlog - self.backlog_limit_s, "overload", f"the instance is overloaded (asked for "
@@ -172,19 +183,22 @@ class AdmissionControl:
         return min(sum_ * math.exp(-elapsed / window) / window
                    for sum_, window in zip(self._offered, self.LOAD_WINDOWS_S))
 
-    def wait_s(self, own: float) -> float:
-        """Predicted seconds before a request of `own` seconds starts: the rounds in flight, then the queued work
-        shorter than it, at the device time the oldest request leaves when that one is not ahead of it (lock held)."""
-        queue, left_s = self.backlog.queue, self.backlog.left_s
-        ahead = sum(left for e in queue if (left := left_s(e)) <= own)
-        share = RoundBuilder.OLDEST_SHARE if queue and left_s(queue[0]) > own else 0.0
-        return self.backlog.in_flight_s() + ahead / (1 - share)
+    def wait_s(self, share: float) -> float:
+        """Predicted seconds before a request of `share` seconds (its work on a busy device) starts, at the queued
+        work's price: the rounds in flight, then the queued work shorter than it, at the device time the oldest
+        request leaves when that one is not ahead of it (lock held)."""
+        return self.backlog.in_flight_s() + self._ahead_s(share)
 
-    def _packed_wait_s(self, own: float) -> float:
-        """A small request's wait with the work ahead of it (and its own, less its price) at what rounds really cost
-        (lock held): so that wait + own <= max_wait is the promise, not half of it."""
-        packing = self.backlog.packing
-        return packing * self.wait_s(own) - (packing - 1) * (self.backlog.in_flight_s() - own)
+    def packed_wait_s(self, share: float) -> float:
+        """As wait_s, with the queued work ahead at what busy rounds really cost (`packing`): the wait a small
+        request is promised against (lock held)."""
+        return self.backlog.in_flight_s() + self.backlog.packing * self._ahead_s(share)
+
+    def _ahead_s(self, share: float) -> float:
+        queue, left_s = self.backlog.queue, self.backlog.left_s
+        ahead = sum(left for e in queue if (left := left_s(e)) <= share)
+        oldest_share = RoundBuilder.OLDEST_SHARE if queue and left_s(queue[0]) > share else 0.0
+        return ahead / (1 - oldest_share)
 
     def refuse_late(self, next_start: float) -> None:
         """Refuse (429, Retry-After) the small requests still queued that can no longer start before their

@@ -10,15 +10,18 @@ vocabulary head at every position). A CPU may run a round's batches on several l
 (runtime.requests.launch): two of them take `overlap` times their serial seconds, where one batch alone takes its
 own, so a round of one batch and a round of two are priced apart (one price for both learned the cheaper pairs and
 promised rounds of one batch too early: tests/runtime/requests/test_scheduler_simulated.py). The estimate is seeded
-at start-up by timing a few buckets (runtime.assembly.calibration) and then corrected after every device round by
-what the round really took (`ServiceModel.observe`). Pure Python.
+at start-up by timing a few buckets (runtime.assembly.calibration) and then refit after every device round to what
+the last rounds really took (`ServiceModel.observe`). Pure Python and NumPy.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Callable, Sequence
+
+import numpy as np
 
 from runtime.requests.jobs import Job, TokenJob, shared_prefix_length
 from runtime.shapes.buckets import BucketPlan, fit
@@ -99,19 +102,29 @@ def shared_slice_rows(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: 
 
 
 class ServiceModel:
-    """Predicted device seconds of Work; corrected after each round (thread-safe: parameters are swapped whole).
+    """Predicted device seconds of Work; learned from the rounds run (thread-safe: parameters are swapped whole).
     The parameters are serial prices (one batch at a time); with two lanes, two batches at once take `overlap` times
     the sum of theirs (1: no gain, 1/2: no cost to running them together). Other lane counts are priced serially:
-    calibration measures pairs (runtime.requests.launch.MAX_CPU_THREADS is 2)."""
+    calibration measures pairs (runtime.requests.launch.MAX_CPU_THREADS is 2).
 
-    # How far one round moves the estimate towards what it measured (in log space), and the largest correction
-    # one round may ask for: a round slowed by something else (a GC pause, a noisy neighbour) moves it little.
-    RATE = 0.5
-    MAX_RATIO = 4.0
-    FLOOR = 1e-9  # a parameter never reaches 0 (a multiplicative update could not move it back)
+    The prices are the least-squares fit, in relative error, of the last WINDOW rounds' serial seconds, each price a
+    change of its start-up value (timed: runtime.assembly.calibration) in units of that value (a device batch's at
+    least the price of BATCH_SCALE_TOKENS tokens), never below 0, the changes held near 0 with the weight of PRIOR
+    rounds: rounds of different sizes tell the price of a batch from the price of its tokens, so a start whose
+    timings could not (a busy host, noise: everything charged to the tokens) is corrected by the first rounds that
+    can, a device that slows down (a neighbour) is priced as slow within a window, and a kind never run keeps its
+    price."""
+
+    WINDOW = 64  # rounds remembered: what the device costs now, not at start-up
+    PRIOR = 0.01  # a price's change, in units of its start-up value, weighs as much as this many rounds' errors
+    BATCH_SCALE_TOKENS = 64  # the unit of a device batch's price, at the least: this many full tokens' price
+    MAX_RATIO = 4.0  # a round's seconds count as at most this factor off its prediction (a GC pause, a neighbour)
+    FLOOR = 1e-9  # a parameter never reaches 0
 
     def __init__(self, per_batch: float, per_token: dict[str, float], lanes: int = 1, overlap: float = 1.0) -> None:
-        self._params = tuple(max(v, self.FLOOR) for v in (per_batch, *(per_token[k] for k in KINDS)))
+        self._prior = np.array([max(v, self.FLOOR) for v in (per_batch, *(per_token[k] for k in KINDS))])
+        self._params = tuple(float(p) for p in self._prior)
+        self._seen: collections.deque = collections.deque(maxlen=self.WINDOW)  # (work vector, serial seconds)
         self.lanes = lanes
         self.overlap = min(max(overlap, 0.5), 1.0) if lanes == 2 else 1.0
         self.rounds = 0  # rounds observed since start-up
@@ -137,17 +150,28 @@ class ServiceModel:
         return (wall(low) + (batches - low) * (wall(low + 1) - wall(low))) / batches
 
     def observe(self, work: Work, seconds: float) -> None:
-        """A round of this work took `seconds`: move each parameter by the share of the prediction it made."""
-        params = self._params
-        factor = self.lanes_factor(work.batches)
-        shares = [p * x * factor for p, x in zip(params, work.vector())]
-        predicted = sum(shares)
+        """A round of this work took `seconds`: refit the prices to the rounds remembered."""
+        predicted = self.seconds(work)
         if predicted <= 0 or seconds <= 0:
             return
-        log_ratio = math.log(min(max(seconds / predicted, 1 / self.MAX_RATIO), self.MAX_RATIO))
-        self._params = tuple(max(p * math.exp(self.RATE * share / predicted * log_ratio), self.FLOOR)
-                             for p, share in zip(params, shares))
+        seconds = min(max(seconds, predicted / self.MAX_RATIO), predicted * self.MAX_RATIO)
+        self._seen.append((work.vector(), seconds / self.lanes_factor(work.batches)))
+        self._params = self._fit()
         self.rounds += 1
+
+    def _fit(self) -> tuple[float, ...]:
+        """The prices' changes from their start-up values, in units of `scale`, that minimise the rounds' relative
+        errors plus PRIOR times the changes' squares (no change at all while rounds take what the start-up's prices
+        predict)."""
+        prior = self._prior
+        scale = prior.copy()
+        scale[0] = max(prior[0], self.BATCH_SCALE_TOKENS * prior[1 + KINDS.index("full")])
+        vectors = np.array([vector for vector, _ in self._seen])
+        seconds = np.array([serial for _, serial in self._seen])
+        rows = np.vstack([vectors * scale / seconds[:, None], math.sqrt(self.PRIOR) * np.eye(len(prior))])
+        targets = np.concatenate([1 - vectors @ prior / seconds, np.zeros(len(prior))])
+        change = _least_squares_above(rows, targets, -prior / scale)
+        return tuple(max(float(p), self.FLOOR) for p in prior + scale * change)
 
     @property
     def per_batch(self) -> float:
@@ -167,3 +191,18 @@ class ServiceModel:
         rates = ", ".join(f"{kind} {rate:,.0f}" for kind, rate in self.tokens_per_second().items())
         lanes = f"; {self.lanes} batches at once in {self.overlap:.2f} of their serial time" if self.lanes > 1 else ""
         return f"{self.per_batch * 1000:.1f} ms per device batch; padded tokens/s: {rates}{lanes}"
+
+
+def _least_squares_above(matrix: np.ndarray, targets: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """argmin |matrix @ x - targets| over x >= lower, by active sets (Lawson and Hanson's, for a handful of columns):
+    solve for the free columns, and while one comes out below its bound, hold the lowest at it and solve again."""
+    free = np.ones(matrix.shape[1], bool)
+    x = lower.copy()
+    while free.any():
+        x = lower.copy()
+        held = matrix[:, ~free] @ x[~free]
+        x[free] = np.linalg.lstsq(matrix[:, free], targets - held, rcond=None)[0]
+        if (x >= lower).all():
+            break
+        free[np.argmin(np.where(free, x - lower, np.inf))] = False
+    return np.maximum(x, lower)

@@ -9,8 +9,9 @@ each large enough that its device batch and its shared prefix cost little next t
 is left of the budget is still taken while half of it is left). The request that has waited longest gets
 OLDEST_SHARE of the device time of every round it is not in (a credit spent on its next slice), so the largest
 request moves on however much smaller work keeps arriving; one that has waited half of its deadline without starting
-starts in the next round. A round taken updates the backlog's `packing` (its cost as the scorer plans it over its
-slices' price); a round done teaches the service model its time. Pure Python.
+starts in the next round. A round taken with work left queued behind it updates the backlog's `packing` (its cost as
+the scorer plans it over its slices' price: what queued work costs); a round done teaches the service model its time.
+Pure Python.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class RoundBuilder:
                     if self._round_cost is not None:  # as planned: rows padded together, batches shared
                         priced = self.model.seconds(work)
                         work = self._round_cost([s.job for s in slices])
-                        if priced > 0:
+                        if priced > 0 and backlog.queue:  # busy: what work queued behind a round costs
                             packing = max(1.0, self.model.seconds(work) / priced)
                             backlog.packing += self.PACKING_RATE * (packing - backlog.packing)
                     self._rounds += 1

@@ -33,7 +33,8 @@ class Scheduler:
         its rows worth a slice (default 1)."""
         self.backlog = Backlog(model, clock)
         self.round_s = round_budget(max_wait_s, max_round_s)
-        self.admission = AdmissionControl(self.backlog, cost, max_queue, max_wait_s, self.round_s, slice_rows)
+        alone = None if round_cost is None else (lambda job: round_cost([job]))
+        self.admission = AdmissionControl(self.backlog, cost, max_queue, max_wait_s, self.round_s, slice_rows, alone)
         self.rounds = RoundBuilder(self.backlog, self.round_s, round_cost, self.admission.refuse_late)
 
     @property

@@ -97,26 +97,87 @@ def test_a_small_request_that_can_no_longer_start_in_time_is_refused_at_once() -
     assert max(started.values()) <= 2.0 + s.round_s
 
 
-def test_the_promise_counts_the_work_ahead_at_what_rounds_really_cost() -> None:
-    """Rounds whose planned cost is twice their slices' price (small rows that do not fill their device batches):
-    the wait promised to a small request counts the queued work at that cost, so fewer are admitted."""
+def drain(s: Scheduler, clock: Clock) -> None:
+    """Run the queued work to the end, each round taking its predicted time."""
+    while s.stats()["queue_depth"]:
+        round = s.next_round()
+        clock.now += round.predicted_s
+        s.finish(round)
+
+
+def admitted(s: Scheduler, make=lambda: job(1, 128)) -> int:
+    """How many requests are queued before the first refusal."""
+    count = 0
+    while True:
+        try:
+            s.admit(make(), None, None)
+        except QueueFull:
+            return count
+        count += 1
+
+
+def twice_the_price(jobs) -> Work:
+    """Rounds whose planned cost is twice their slices' price (small rows that do not fill their device batches)."""
+    return sum((full_cost(j) for j in jobs), Work()) * 2
+
+
+def test_the_promise_counts_the_work_ahead_at_what_busy_rounds_really_cost() -> None:
+    """The wait promised to a small request counts the queued work at what rounds cost while work waits behind them,
+    so fewer are admitted."""
     clock = Clock()
     priced = Scheduler(ServiceModel(0.0, SECONDS_PER_TOKEN), full_cost, 256, 2.0, 0.3, clock=clock)
     packed = Scheduler(ServiceModel(0.0, SECONDS_PER_TOKEN), full_cost, 256, 2.0, 0.3, clock=clock,
-                       round_cost=lambda jobs: sum((full_cost(j) for j in jobs), Work()) * 2)
+                       round_cost=twice_the_price)
     for s in (priced, packed):
-        for _ in range(30):  # rounds that teach `packing`
-            s.admit(job(1, 128), None, None)
-            round = s.next_round()
-            clock.now += round.predicted_s
-            s.finish(round)
-
-    def admitted(s: Scheduler) -> int:
-        count = 0
-        while True:
-            try:
+        for _ in range(30):  # bursts of 4: the first round of each leaves work queued behind it, and teaches `packing`
+            for _ in range(4):
                 s.admit(job(1, 128), None, None)
-            except QueueFull:
-                return count
-            count += 1
+            drain(s, clock)
     assert admitted(priced) == 16 and 7 <= admitted(packed) <= 9  # 2 s at the price, ~2 s at twice it
+
+
+def test_a_request_alone_never_waits_for_its_own_work_and_lone_rounds_teach_no_packing() -> None:
+    """Issue 65: an idle server refused a request whose own work, at the packing its lone rounds had taught, looked
+    like a wait. Its own work (its device batches alone: twice its share here) is its service time, never a wait."""
+    clock = Clock()
+    s = Scheduler(ServiceModel(0.0, SECONDS_PER_TOKEN), full_cost, 256, 2.0, 0.3, clock=clock,
+                  round_cost=twice_the_price)
+    for _ in range(50):  # the same request, one after another on an idle server
+        s.admit(job(1, 512), None, None)  # 0.5 s at its price, 1 s alone: small, at the edge; never refused
+        drain(s, clock)
+    assert s.stats()["packing"] == 1.0  # no round had work waiting behind it
+    assert admitted(s) == 15  # a burst is judged at its rounds' cost (0.125 s at its price, 0.25 s alone)
+
+
+@pytest.mark.parametrize("rows, tokens", [(1, 1024), (3, 1024), (40, 1024), (1024, 64)])
+def test_an_idle_instance_admits_every_request_whatever_its_size(rows, tokens) -> None:
+    """1 s, 3 s, 40 s (over SCOREFN_MAX_WAIT_S and the deadline's 30 s) and 64 s of work alone: each is admitted on an
+    idle instance, with its own work predicted and no wait, and computed to its end."""
+    s, clock = scheduler()
+    future = s.admit(job(rows, tokens), clock.now + 30, "alone")
+    entry = s.backlog.queue[0]
+    assert entry.future is future and entry.admission.own_s == rows * tokens / 1024 and entry.admission.wait_s == 0
+    drain(s, clock)
+    assert clock.now - 1000.0 == pytest.approx(rows * tokens / 1024)  # every row computed
+
+
+def test_a_client_that_retries_as_told_is_answered() -> None:
+    """A refusal's Retry-After is the wait until the work ahead has drained enough: a client that honours it, on an
+    instance given no other work meanwhile, is admitted at its first retry."""
+    s, clock = scheduler()
+    for _ in range(15):  # 1.875 s of small work queued
+        s.admit(job(1, 128), None, None)
+    refused = None
+    for tries in range(1, 5):
+        try:
+            future = s.admit(job(2, 256), None, "retrying")  # 0.5 s of its own: needs the queue under 1.5 s
+            break
+        except QueueFull as error:
+            refused = error
+            until = clock.now + error.retry_after_s
+            while clock.now < until and s.stats()["queue_depth"]:  # the device works while the client waits
+                round = s.next_round()
+                clock.now += round.predicted_s
+                s.finish(round)
+            clock.now = max(clock.now, until)
+    assert refused is not None and refused.reason == "wait" and tries == 2 and not future.done()

@@ -53,6 +53,30 @@ def test_the_service_model_learns_the_device_from_rounds() -> None:
     assert model.seconds(ROUNDS[0]) < 1.6 * before
 
 
+def test_a_start_whose_timings_told_no_batch_price_learns_it_from_rounds_of_two_sizes() -> None:
+    """Issue 65: a start timed on a busy host charged everything to the tokens (a batch priced at 0): a one-item round
+    looked 3x cheaper than it is and a 16-row one 2x dearer, so bursts were refused. Rounds of one and of 16 rows
+    tell the two prices apart."""
+    true = ServiceModel(0.145, dict.fromkeys(KINDS, 1 / 1571))
+    model = ServiceModel(1e-9, dict.fromkeys(KINDS, 1 / 437))
+    alone, burst = Work(batches=1, full=24), Work(batches=1, full=16 * 24)
+    for _ in range(5):
+        for work in (alone, burst):
+            model.observe(work, true.seconds(work))
+    for work in (alone, burst, Work(batches=1, full=4 * 24), Work(batches=2, full=2 * 32 * 24)):
+        assert model.seconds(work) == pytest.approx(true.seconds(work), rel=0.05)
+    assert model.per_batch == pytest.approx(0.145, rel=0.05)
+
+
+def test_a_device_that_slows_down_is_priced_as_slow_within_a_window_of_rounds() -> None:
+    true, model = learned()
+    for _ in range(ServiceModel.WINDOW // len(ROUNDS) + 1):  # a neighbour halves the device's speed
+        for work in ROUNDS:
+            model.observe(work, 2 * true.seconds(work))
+    for work in ROUNDS:
+        assert model.seconds(work) == pytest.approx(2 * true.seconds(work), rel=0.05)
+
+
 def test_two_lanes_price_a_round_by_its_batches_run_two_at_a_time() -> None:
     """Two batches at once in `overlap` of their serial seconds, one alone in all of its own: a round of 3 is a pair
     and one; a share of a batch (a slice's marginal price) is priced alone; one lane never overlaps."""

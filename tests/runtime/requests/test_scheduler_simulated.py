@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.simulate import MIX, Device, simulate, summarize
+from random import Random
+
+from loadtests.simulate import MIX, Device, request, simulate, small_bucket_plan, summarize
+from runtime.requests.cost import plan_work
 from runtime.requests.round_builder import round_budget
 from runtime.settings import load_settings
 
@@ -27,7 +30,19 @@ def test_below_capacity_nothing_of_the_mix_is_refused_and_the_bulk_client_is_ans
     assert summary["mix_refused"] == 0, summary["kinds"]
     assert all(s["other"] == 0 for s in summary["kinds"].values())
     assert summary["kinds"][f"bulk {bulk_items}"]["answered"] >= 1  # it waits beside the mix, it does not starve
+    assert summary["kinds"][f"bulk {bulk_items}"]["refused"] == 0  # its own rounds are over the limit: not a wait
     assert summary["bounded_p99_s"] <= MAX_WAIT_S + ROUND_S
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bulk_items", [128, 256, 1024])
+def test_on_an_idle_device_a_request_whose_own_rounds_exceed_the_limit_is_never_refused(bulk_items, device):
+    """One client alone, each request sent when the one before is answered: 128, 256 and 1,024 items, 1.9x to 15x
+    SCOREFN_MAX_WAIT_S of work each (issue 65: an idle server refused requests for their own rounds)."""
+    own = DEVICES[device].model.seconds(plan_work(small_bucket_plan(), [request(f"bulk {bulk_items}", Random(0))]))
+    records, scheduler = simulate(0.0, 120, bulk_items=bulk_items, max_wait_s=MAX_WAIT_S, device=DEVICES[device])
+    kind = summarize(records)["kinds"][f"bulk {bulk_items}"]
+    assert own > MAX_WAIT_S and kind["sent"] == kind["answered"] >= 3 and sum(scheduler.refused.values()) == 0
 
 
 @pytest.mark.parametrize("device", DEVICES)
