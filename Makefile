@@ -8,8 +8,11 @@ AOT_VENV ?= .venv-aot
 PY := $(VENV)/bin/python
 PORT ?= 8080
 export PORT
-# The prepared embedded model and the XLA compilation cache (reused by later runs).
-SCOREFN_CACHE_DIR ?= $(CURDIR)/.cache/scorefn
+# The prepared embedded model, the XLA compilation caches and the executable store: user-level, as uv's and pip's
+# (runtime.settings' default), so a second run and a second clone reuse what the first compiled. Keyed by what shapes
+# a program (jaxlib, XLA flags, the runtime's source, the model, the CPU class): nothing stale is ever taken.
+XDG_CACHE_HOME ?= $(HOME)/.cache
+SCOREFN_CACHE_DIR ?= $(XDG_CACHE_HOME)/scorefn
 export SCOREFN_CACHE_DIR
 # Every environment installs from lock/ (hashes, `make lock` regenerates it) with uv, which pip bootstraps here.
 UV_VENV ?= .venv-uv
@@ -113,5 +116,6 @@ docs: $(VENV)/.test-installed
 image-check:
 	$(PYTHON) scripts/image_check.py
 
+# The clone's own files; the user-level caches (SCOREFN_CACHE_DIR) stay, as uv's do: `rm -rf ~/.cache/scorefn`.
 clean:
 	rm -rf $(VENV) $(SERVE_VENV) $(AOT_VENV) $(UV_VENV) .venv-checkov .cache .pytest_cache

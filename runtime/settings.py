@@ -71,8 +71,9 @@ class Setting:
         return "PORT" if self.name == "port" else f"SCOREFN_{self.name.upper()}"
 
 
-def _default_cache_dir() -> str:
-    return str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scorefn")
+def default_cache_dir() -> str:
+    """User-level, as uv's and pip's: $XDG_CACHE_HOME/scorefn, else ~/.cache/scorefn."""
+    return str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scorefn")
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -80,7 +81,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Model to serve: a Hugging Face directory or a .gguf file. Empty: the embedded SmolLM2-135M-Instruct."),
     Setting("model_id", "", str,
             "Name the API reports and accepts in `model`. Empty: derived from the model (e.g. SmolLM2-135M-Instruct)."),
-    Setting("cache_dir", _default_cache_dir(), str,
+    Setting("cache_dir", default_cache_dir(), str,
             "Where the converted embedded model and the XLA compilation cache live."),
     Setting("compile_cache_dir", "", str,
             "JAX persistent compilation cache directory. Empty: <cache_dir>/xla."),

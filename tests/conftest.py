@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from runtime.settings import default_cache_dir
+
 pytest_plugins = ["tests.compile_report"]  # XLA compile seconds by module, after the slowest tests
 
 REPO = Path(__file__).resolve().parent.parent
-# Same default as the Makefile, so tests reuse the converted model and the XLA cache.
-CACHE_DIR = Path(os.environ.setdefault("SCOREFN_CACHE_DIR", str(REPO / ".cache" / "scorefn")))
+# Same default as the Makefile's and the runtime's (user-level), so tests reuse the converted model and the caches.
+CACHE_DIR = Path(os.environ.setdefault("SCOREFN_CACHE_DIR", default_cache_dir()))
 # Under pytest-xdist (make test) each worker shares the cores with another, and PyTorch's OpenMP threads, one per
 # core, spin while the other worker's XLA threads hold them: a 20 s fixture of transformers' models took 330 s.
 # One thread each, set before anything imports PyTorch.
@@ -30,9 +32,12 @@ if SERVE_ONLY.is_file():
 
 
 # One JAX persistent compilation cache for the programs the tests compile in this process (scorers built by the
-# tests): a program several tests build compiles once a run. Engines and servers point JAX at their own cache
-# (SCOREFN_COMPILE_CACHE_DIR, often a test's temporary one); every test starts with this one again.
-TEST_COMPILE_CACHE = REPO / ".cache" / "test-xla"
+# tests), and one executable store they load them from without tracing (tests/runtime/conftest.py): a program
+# several tests build compiles once, in the first run on this machine. Both user-level, as the serving caches, keyed
+# as those are. Engines and servers point JAX at their own cache (SCOREFN_COMPILE_CACHE_DIR, often a test's temporary
+# one); every test starts with this one again.
+TEST_COMPILE_CACHE = CACHE_DIR / "test-xla"
+TEST_EXECUTABLES = CACHE_DIR / "test-executables"
 
 
 # The longest modules (the seconds by module tests/compile_report.py prints, a fresh clone on 2 cores), first:

@@ -32,6 +32,7 @@ from runtime.assembly.targets import library_versions
 log = logging.getLogger("scorefn.runtime")
 
 _cache_events = {"hits": 0, "misses": 0, "backend_compiles": 0}
+STORE_LOAD_EVENT = "/scorefn/executable_store/load"  # recorded through jax.monitoring (tests/compile_report.py)
 _listener_lock = threading.Lock()
 _listener_installed = False
 _this_thread = threading.local()  # persistent-cache hits of the compilation running in this thread
@@ -109,8 +110,10 @@ class ExecutableStore:
             return None
         try:
             serialized, in_tree, out_tree = pickle.loads(zlib.decompress(path.read_bytes()))
-            return serialize_executable.deserialize_and_load(serialized, in_tree, out_tree, backend=devices[0].client,
-                                                             execution_devices=devices)
+            loaded = serialize_executable.deserialize_and_load(serialized, in_tree, out_tree,
+                                                               backend=devices[0].client, execution_devices=devices)
+            jax.monitoring.record_event(STORE_LOAD_EVENT)
+            return loaded
         except Exception as exc:  # unreadable, from another build, or compiled deviceless for a device it does not fit
             with self._lock:  # one line for the set, not one per bucket (nor per loading thread)
                 first = fingerprint not in self._unloadable
@@ -206,10 +209,9 @@ def source_files() -> list[Path]:
 
 
 def _source_digest() -> str:
-    runtime = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
-    for path in source_files():
-        digest.update(str(path.relative_to(runtime)).encode() + b"\0" + path.read_bytes())
+    for path in source_files():  # each named by its package and file (model/layers.py): where the clone is matters not
+        digest.update(f"{path.parent.name}/{path.name}".encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 

@@ -21,7 +21,8 @@ from runtime.requests.scorer import Scorer
 from runtime.settings import load_settings
 from runtime.model.params import array_shapes
 from runtime.model.weights import load_arrays
-from tests.conftest import CACHE_DIR
+from runtime.assembly.store import ExecutableStore
+from tests.conftest import CACHE_DIR, TEST_EXECUTABLES
 
 BITCLASSES = CACHE_DIR / "bitclasses.json"  # as a start records them (runtime.assembly.compose)
 
@@ -50,7 +51,14 @@ def scorer_for(model_dir: Path, dtype: str = "float32", plan: BucketPlan | None 
     plan = plan or small_plan()
     kernels = kernels or platform_kernels(model_dir, dtype, plan.layout.name)
     model = Transformer(cfg, load_arrays(model_dir, cfg), dtype, kernels, plan.max_length, plan.label_tokens)
-    return Scorer(plan, Executables(model, lazy=lazy), concurrent_batches or cpu_threads())
+    return Scorer(plan, stored_executables(model, lazy), concurrent_batches or cpu_threads())
+
+
+def stored_executables(model: Transformer, lazy: bool = True) -> Executables:
+    """The model's programs, loaded from the tests' executable store when an earlier run compiled them (no tracing,
+    lowering or compiling), else compiled and stored there (runtime.assembly.store's fingerprint: a change of the
+    runtime's source, a flag or jaxlib is a new set)."""
+    return Executables(model, lazy=lazy, store=ExecutableStore(TEST_EXECUTABLES))
 
 
 

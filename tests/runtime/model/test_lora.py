@@ -18,12 +18,12 @@ from runtime.model.config import load_config
 from runtime.model.kernels import Kernels
 from runtime.model.transformer import Transformer
 from runtime.model.weights import load_arrays
-from runtime.assembly.executables import Executables
 from runtime.requests.jobs import Job, TokenJob
 from runtime.shapes.packed import PackedLayout
 from runtime.requests.scorer import Scorer
 from tests.conftest import peft_adapter, peft_classifier, torch_label_logprobs
-from tests.runtime.conftest import CASES, FreshRope, random_sequences, small_plan, tiny_checkpoint
+from tests.runtime.conftest import (CASES, FreshRope, random_sequences, small_plan, stored_executables,
+                                   tiny_checkpoint)
 
 PLAN = small_plan(lengths=(64,), batches=(8,), labels=(16,), prefix_sharing=True, suffix_lengths=(8,),
                   suffix_batches=(4,), completion_batches=(4,))
@@ -44,7 +44,8 @@ def adapted_scorer(model_dir, adapters, plan=PLAN, slots: int | None = None, ran
     arrays = load_arrays(model_dir, cfg)
     arrays |= lora.stacked(adapters, cfg, slots or len(adapters), rank)
     kernels = kernels or Kernels(batch_invariant=plan.layout.name == "grid")
-    return Scorer(plan, Executables(Transformer(cfg, arrays, "float32", kernels, plan.max_length, plan.label_tokens), lazy=True))
+    return Scorer(plan, stored_executables(Transformer(cfg, arrays, "float32", kernels, plan.max_length,
+                                                       plan.label_tokens)))
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
