@@ -8,10 +8,15 @@ OPENLOOP_PLAN (JSON) and judges the records this file writes to OPENLOOP_RECORDS
    phase, shared among the kinds by the service model's prices), the rate of a device kept busy; the clients' own
    rate (answered per second of the phase) and the rate the service model predicts alone are reported beside it.
    (`rate` in the plan skips it.)
-2. baseline: Poisson arrivals at `baseline` x R (normal latency);
-3. overload: `multiple` x R for `overload_s` seconds;
-4. recovery: `recovery` (default: `baseline`) x R, for `recovery_s` seconds.
-Between the calibration and the baseline the server is left to finish its work (polling its backlog on /metrics).
+2. baseline: Poisson arrivals at `baseline` x R (normal latency), for at least `baseline_s` and until `samples`
+   one-item scores and completions are answered (the verdicts on latency judge that many);
+3. overload: `multiple` x R for at least `overload_s`, until `samples` of them are answered and every kind of the
+   mix was sent often enough that its fairness verdict could fail (fair_sends);
+4. recovery: `recovery` (default: `baseline`) x R: first until the server's backlog is back to the baseline's
+   median (the overload's work done) and `recover_within_s` have passed (`settled`), then for at least `recovery_s`
+   and until `samples` of the requests sent from then on are answered.
+No phase runs longer than `max_phase_s`. The server's backlog is polled on /metrics through the baseline and the
+recovery. Between the calibration and the baseline the server is left to finish its work.
 
 Open loop: an arrival is sent at its time whether or not earlier ones were answered, as independent clients do;
 a closed loop would slow down with the server and hide its overload. The mix, by weight: one-item /v1/score 10,
@@ -30,11 +35,13 @@ import math
 import os
 import random
 import time
-from typing import Any
+from typing import Any, Callable
 
 import gevent
 import gevent.pool
 from locust import FastHttpUser, constant, task
+
+from loadtests.overload import BOUNDED, fair_sends
 
 PLAN: dict[str, Any] = json.loads(os.environ.get("OPENLOOP_PLAN", "{}"))
 RECORDS_PATH = os.environ.get("OPENLOOP_RECORDS", "")
@@ -63,6 +70,8 @@ def scenarios(rng: random.Random, query_words: int) -> list[tuple[str, str, dict
 
 
 WEIGHTS = (10, 2, 2, 2)
+NAMES = ("score 1 item", "score 32 items", "rerank", "completions")  # scenarios()'s, in its order
+BACKLOG_POLL_S = 0.5
 
 
 def bulk_body(rng: random.Random, items: int) -> dict:
@@ -145,17 +154,37 @@ class OpenLoop(FastHttpUser):
             else:
                 body = bulk_body(self.rng, PLAN["bulk_items"])
 
-    def arrivals(self, rate: float, seconds: float, group: gevent.pool.Group) -> None:
-        """Poisson arrivals at `rate` per second for `seconds`, each request on its own greenlet."""
+    def arrivals(self, rate: float, enough: Callable[[float], bool], group: gevent.pool.Group) -> None:
+        """Poisson arrivals at `rate` per second, each request on its own greenlet, until `enough(seconds since the
+        start)` (asked before each arrival) or PLAN's max_phase_s."""
         start = time.monotonic()
         at = start
-        while True:
+        while not enough(at - start) and at - start < PLAN["max_phase_s"]:
             at += self.rng.expovariate(rate)
-            if at >= start + seconds:
-                break
             gevent.sleep(max(0.0, at - time.monotonic()))
             group.spawn(self.one)
-        gevent.sleep(max(0.0, start + seconds - time.monotonic()))
+
+    def answered(self, since: float, kinds: tuple[str, ...] = BOUNDED) -> int:
+        """Requests of these kinds sent since `since` (seconds from the start) and answered 200."""
+        return sum(r["status"] == 200 and r["scenario"] in kinds and r["sent"] >= since for r in self.records)
+
+    def sent_of_each_kind(self, since: float) -> int:
+        """The fewest requests of one kind of the mix sent since `since`."""
+        counts = {name: 0 for name in NAMES}
+        for r in self.records:
+            if r["sent"] >= since and r["scenario"] in counts:
+                counts[r["scenario"]] += 1
+        return min(counts.values())
+
+    def poll_backlog(self, samples: list[float], until: Callable[[], bool]) -> None:
+        """The server's backlog every BACKLOG_POLL_S into `samples` (time from the start, seconds) until `until()`; a
+        scrape that fails (the server busy past the connection's patience) is skipped."""
+        while not until():
+            try:
+                samples.append((round(time.monotonic() - self.t0, 3), self.metric("scorefn_engine_backlog_seconds")))
+            except RuntimeError:
+                pass
+            gevent.sleep(BACKLOG_POLL_S)
 
     def metric(self, name: str) -> float:
         """One of the server's /metrics samples, e.g. scorefn_engine_device_seconds_total."""
@@ -164,7 +193,7 @@ class OpenLoop(FastHttpUser):
             for line in (response.text or "").splitlines():
                 if line.startswith(name + " "):
                     return float(line.split()[1])
-        raise RuntimeError(f"the server exports no {name}")
+        raise RuntimeError(f"no {name} in the server's /metrics (status {response.status_code})")
 
     def drain(self, timeout: float) -> None:
         """Wait (polling /metrics) until the server has no work left, so the next phase starts from an idle server."""
@@ -207,22 +236,51 @@ class OpenLoop(FastHttpUser):
         bounds = {"calibrate": [0.0, round(time.monotonic() - self.t0, 3)]}
         self.drain(PLAN.get("drain_s", 120))
         bulk = gevent.spawn(self.bulk_client) if PLAN.get("bulk_items") else None
-        phases = [("baseline", PLAN["baseline"], PLAN["baseline_s"]),
-                  ("overload", PLAN["multiple"], PLAN["overload_s"]),
-                  ("recovery", PLAN.get("recovery", PLAN["baseline"]), PLAN["recovery_s"])]
-        for phase, multiple, seconds in phases:
-            if seconds <= 0:
-                continue
+        need, backlog, settled = PLAN["samples"], [], [None]
+        fair = fair_sends(PLAN["multiple"])
+
+        def now() -> float:
+            return time.monotonic() - self.t0
+
+        def run(phase: str, multiple: float, enough: Callable[[float, float], bool]) -> None:
             self.phase = phase
-            started = time.monotonic() - self.t0
-            self.arrivals(rate * multiple, seconds, group)
-            bounds[phase] = [round(started, 3), round(time.monotonic() - self.t0, 3)]
+            started = now()
+            self.arrivals(rate * multiple, lambda elapsed: enough(started, elapsed), group)
+            bounds[phase] = [round(started, 3), round(now(), 3)]
+
+        polling = [True]
+        poller = gevent.spawn(self.poll_backlog, backlog, lambda: not polling[0])
+        run("baseline", PLAN["baseline"],
+            lambda started, elapsed: elapsed >= PLAN["baseline_s"] and self.answered(started) >= need)
+        polling[0] = False
+        poller.join()
+        calm = sorted(b for _, b in backlog)[len(backlog) // 2] if backlog else 0.0
+        run("overload", PLAN["multiple"],
+            lambda started, elapsed: elapsed >= PLAN["overload_s"] and self.answered(started) >= need
+            and self.sent_of_each_kind(started) >= fair)
+
+        def recovered(started: float, elapsed: float) -> bool:
+            if settled[0] is None:
+                if not backlog or backlog[-1][1] > calm or elapsed < PLAN["recover_within_s"]:
+                    return False
+                settled[0] = max(backlog[-1][0], round(started + PLAN["recover_within_s"], 3))
+            return now() - settled[0] >= PLAN["recovery_s"] and self.answered(settled[0]) >= need
+        backlog.clear()
+        polling[0] = True
+        poller = gevent.spawn(self.poll_backlog, backlog, lambda: not polling[0])
+        run("recovery", PLAN.get("recovery", PLAN["baseline"]), recovered)
+        polling[0] = False
+        poller.join()
+        if settled[0] is not None:  # else the backlog never drained to the baseline's
+            bounds["settled"] = [settled[0], bounds["recovery"][1]]
         self.done = True
         group.join(timeout=PLAN.get("drain_s", 120))
         if bulk is not None:
             bulk.join(timeout=PLAN.get("drain_s", 120))
         if RECORDS_PATH:
             with open(RECORDS_PATH, "w") as out:
-                json.dump({"rate": rate, "rates": rates, "phases": bounds, "plan": PLAN, "records": self.records}, out)
+                json.dump({"rate": rate, "rates": rates, "phases": bounds, "calm_backlog_s": calm,
+                           "fair_sends": fair, "plan": PLAN, "records": self.records}, out)
         gevent.spawn(self.environment.runner.quit)
         gevent.sleep(math.inf)  # the runner stops this user
+

@@ -53,13 +53,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     open_loop.add_argument("--rate", type=float, help="requests of the mix per second to take as the capacity "
                            "(no calibration)")
     open_loop.add_argument("--baseline", type=float, default=0.5, help="multiple of the rate before the overload")
-    open_loop.add_argument("--baseline-s", type=float, default=15.0, help="seconds at --baseline before the overload")
+    open_loop.add_argument("--baseline-s", type=float, default=15.0,
+                           help="seconds at --baseline before the overload (at least)")
     open_loop.add_argument("--recovery", type=float, help="multiple of the rate after the overload (default: --baseline)")
-    open_loop.add_argument("--recovery-s", type=float, default=30.0, help="seconds at --recovery after the overload")
+    open_loop.add_argument("--recovery-s", type=float, default=30.0,
+                           help="seconds at --recovery once the backlog has drained (at least)")
     open_loop.add_argument("--recover-within-s", type=float, default=10.0,
-                           help="latency must be normal again this long after the overload ends")
+                           help="latency must be normal again this long after the overload ends, at the latest once "
+                           "the backlog has drained")
     open_loop.add_argument("--bulk-items", type=int, default=1024,
                            help="items of each request of the bulk client (0: no bulk client)")
+    open_loop.add_argument("--samples", type=int, default=30,
+                           help="answers each latency verdict judges: a phase runs past its seconds until it has them")
+    open_loop.add_argument("--max-phase-s", type=float, default=600.0, help="the longest a phase runs")
     args = parser.parse_args(argv)
     if args.duration is None:
         args.duration = 600.0 if args.soak else 60.0

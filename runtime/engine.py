@@ -50,6 +50,7 @@ class Engine:
         self._scheduler: Scheduler | None = None
         self._device: DeviceThread | None = None
         self._ready = threading.Event()
+        self._settled = threading.Event()  # what the start left for after ready is done
         self._stopping = False
         self._loader: concurrent.futures.ThreadPoolExecutor | None = None  # deferred executables, after ready
         self.rounds_in_flight = 1  # the platform's, once started
@@ -81,29 +82,32 @@ class Engine:
         self.batch_invariant = self.platform.kernels.batch_invariant
         self.platform_info = self.platform.info()
         laps.lap("load")
-        warmed = startup.warm_up(self.scorer, self._log_progress)
+        warmed = startup.warm_up(self.scorer, self._log_progress, self.settings.ready)
         laps.lap("compile")
-        # A few buckets run once: the first requests are judged by real timings.
+        # A few buckets run once: the first requests are judged by real timings (compiling those still pending).
         service = calibration.calibrate(self.scorer)
         self.scorer.plan = self.plan = service.fit_plan(self.plan)
         laps.lap("calibrate")
-        self.timings = {**laps.seconds, **warmed, "deferred": self.scorer.exe.deferred}
+        exe = self.scorer.exe
+        self.timings = {**laps.seconds, **warmed, "deferred": exe.deferred, "pending": exe.pending}
         if tracing.tracer is not None:
             spans().started(laps.phases, self.model_id, self.platform_info, self.timings)
         log.info("warm-up done: %d buckets in %.1f s (%d loaded from the executable store, %d of them after ready; "
-                 "persistent cache: %d hits, %d misses); service time %s (timed in %.2f s)", warmed["buckets"],
-                 self.timings["compile_s"], warmed["stored"], self.timings["deferred"], warmed["cache_hits"],
-                 warmed["cache_misses"], service.describe(), self.timings["calibrate_s"],
-                 extra={"json_fields": {"timings": self.timings}})
+                 "%d compiled after ready; persistent cache: %d hits, %d misses); service time %s (timed in %.2f s)",
+                 warmed["buckets"], self.timings["compile_s"], warmed["stored"], self.timings["deferred"],
+                 self.timings["pending"], warmed["cache_hits"], warmed["cache_misses"], service.describe(),
+                 self.timings["calibrate_s"], extra={"json_fields": {"timings": self.timings}})
         self.start_with(self.scorer, service)
-        self._load_deferred(self.scorer.exe)
+        self._after_ready(exe)
 
-    def _load_deferred(self, exe) -> None:
+    def _after_ready(self, exe) -> None:
         """After ready, on one thread, smallest first: the stored executables no round has loaded yet (a round that
-        needs one loads it itself first, ~40 ms on a CPU, never compiling). A pool's thread, not a daemon: a process
-        that ends without stop() finishes the loads queued, rather than dying in one."""
+        needs one loads it itself first, ~40 ms on a CPU, never compiling), then the buckets left to compile (a round
+        that needs one waits for it, compiled next: Executables.compile_pending). A pool's thread, not a daemon: a
+        process that ends without stop() finishes the loads queued, rather than dying in one."""
         keys = exe.deferred_keys()
-        if not keys:
+        if not keys and not exe.pending:
+            self._settled.set()
             return
         started = time.perf_counter()
 
@@ -115,8 +119,22 @@ class Engine:
         self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="scorefn-deferred")
         for key in keys:
             self._loader.submit(load, *key)
-        self._loader.submit(lambda: log.info("executable store: the %d buckets deferred at start loaded %.2f s after "
-                                             "ready", len(keys), time.perf_counter() - started))
+        if keys:
+            self._loader.submit(lambda: log.info("executable store: the %d buckets deferred at start loaded %.2f s "
+                                                 "after ready", len(keys), time.perf_counter() - started))
+        if exe.pending:
+            def compile_pending() -> None:
+                done = exe.compile_pending(lambda i, name, seconds: log.info(
+                    "bucket %s compiled after ready in %.2f s", name, seconds), lambda: self._stopping)
+                log.info("compiled the %d buckets pending at ready %.2f s after ready", done,
+                         time.perf_counter() - started)
+            self._loader.submit(compile_pending)
+        self._loader.submit(self._settled.set)
+
+    def wait_settled(self, timeout: float | None = None) -> bool:
+        """Wait until what a start leaves for after ready is done (stored executables loaded, pending buckets
+        compiled); False if `timeout` passed first."""
+        return self._settled.wait(timeout)
 
     def _take_model(self, cfg, model_id: str, tokenizer) -> None:
         """What the handler reads of the model, and the classifiers and rerankers it serves: checked against the
@@ -157,9 +175,11 @@ class Engine:
     def stop(self, grace_seconds: float) -> None:
         """Refuse new work, let queued work finish within the grace period, stop the device thread."""
         self._stopping = True
-        if self._loader is not None:  # the load under way finishes (~40 ms), the others are dropped
-            self._loader.shutdown(wait=True, cancel_futures=True)
+        if self._loader is not None:  # the load under way finishes (~40 ms), the others are dropped; the compiler
+            self._loader.shutdown(wait=False, cancel_futures=True)  # compiles only what a draining round waits for
         if self._device is None:
+            if self._loader is not None:
+                self._loader.shutdown(wait=True)
             return
         deadline = time.monotonic() + grace_seconds
         self._scheduler.close()
@@ -167,6 +187,8 @@ class Engine:
         self._cancel_queued()
         self._scheduler.stop()
         self._device.join(timeout=max(0.1, deadline - time.monotonic()))
+        if self._loader is not None:
+            self._loader.shutdown(wait=True)
 
     def _cancel_queued(self) -> None:
         """After the grace period, work still queued is cancelled: its clients get 503, not a dropped connection."""

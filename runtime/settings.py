@@ -128,6 +128,12 @@ SETTINGS: tuple[Setting, ...] = (
             "the other items or requests batched with it, its row, bucket, or a shared prefix (the grid layout; XLA "
             "attention on a CPU, a Pallas kernel on a GPU, its token stream in fixed chunks on an accelerator; XLA's "
             "deterministic mode and no autotuning on a GPU). auto: true on CPU, false on GPU and TPU."),
+    Setting("ready", "auto", _choice("auto", "all", "first"),
+            "When /ready turns 200. all: once every bucket is compiled or loaded from the executable store. first: "
+            "once the first requests' buckets are (the smallest of each program, and those the start's timing "
+            "runs); the others are then compiled after ready, smallest first, and stored: a request that needs one "
+            "waits for its compile, which is done next, and never compiles itself. auto: first on a start that "
+            "finds none of its buckets stored (a first start on a CPU compiles for minutes), all otherwise."),
     Setting("prefix_sharing", "true", _bool,
             "Compute a request's longest common token prefix once and score items against its keys/values."),
     Setting("batch_wait_ms", "2", float,
@@ -203,6 +209,7 @@ class Settings:
     completion_batch_buckets: tuple[int, ...] | None
     bucket_layout: str  # auto | grid | packed
     batch_invariant: str  # auto | true | false
+    ready: str  # auto | all | first
     prefix_sharing: bool
     batch_wait_ms: float
     max_items: int

@@ -19,6 +19,10 @@ pytest_plugins = ["tests.compile_report"]  # XLA compile seconds by module, afte
 REPO = Path(__file__).resolve().parent.parent
 # Same default as the Makefile's and the runtime's (user-level), so tests reuse the converted model and the caches.
 CACHE_DIR = Path(os.environ.setdefault("SCOREFN_CACHE_DIR", default_cache_dir()))
+# Engines and servers the tests start are ready once every bucket is compiled, as the tests that count compiles and
+# time requests assume; tests/runtime/assembly/test_ready_first.py (and the serve-only check, outside pytest) start
+# the way a first `make serve` does: ready after the first buckets, the rest compiled after ready.
+os.environ.setdefault("SCOREFN_READY", "all")
 # Under pytest-xdist (make test) each worker shares the cores with another, and PyTorch's OpenMP threads, one per
 # core, spin while the other worker's XLA threads hold them: a 20 s fixture of transformers' models took 330 s.
 # One thread each, set before anything imports PyTorch.

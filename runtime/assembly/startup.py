@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 from typing import Any, Callable
 
 from runtime.model import lora
@@ -64,12 +65,26 @@ def serving_scorer(settings: Settings, loaded: Loaded) -> tuple[Scorer, Platform
                    portable=loaded.stored.portable, adapters=loaded.adapters)
 
 
-def warm_up(built: Scorer, progress: Callable[[int, str, float], None] | None = None) -> dict[str, float]:
-    """Compile every bucket of the plan the store does not hold (Executables.warm_up); what it took (counts: "stored"
-    those from the store, loaded or deferred, and persistent-cache events)."""
+def warm_up(built: Scorer, progress: Callable[[int, str, float], None] | None = None,
+            ready: str = "all") -> dict[str, float]:
+    """Compile every bucket of the plan the store does not hold (Executables.warm_up), or with `ready` first (or auto,
+    on a start that finds none stored) only the smallest bucket of each program, the others left pending (compiled on
+    first use until the start is ready, then in the background: Executables.compile_pending); what it took (counts:
+    "stored" those from the store, loaded or deferred, "pending" those left, and persistent-cache events)."""
+    programs = built.plan.programs(built.task)
+    keys = [(program.name, bucket) for program, bucket in programs]
+    if ready == "auto":
+        ready = "all" if any(built.exe.holds_stored(*key) for key in keys) else "first"
+    first = None
+    if ready == "first":
+        smallest: dict[str, tuple] = {}
+        for name, bucket in keys:
+            if name not in smallest or math.prod(bucket) < math.prod(smallest[name]):
+                smallest[name] = bucket
+        first = set(smallest.items())
     before = cache_events()
-    total = built.exe.warm_up(built.plan.programs(built.task), progress)
+    total = built.exe.warm_up(programs, progress, first=first)
     after = cache_events()
-    return {"buckets": total, "stored": built.exe.loaded + built.exe.deferred,
+    return {"buckets": total, "stored": built.exe.loaded + built.exe.deferred, "pending": built.exe.pending,
             "cache_hits": after["hits"] - before["hits"],
             "cache_misses": after["misses"] - before["misses"]}

@@ -68,7 +68,8 @@ class ServerProcess:
     def __init__(self, env: dict[str, str] | None = None, interface: str = "asgi", start_timeout: float = 600,
                  log_path: Path | None = None, settle: bool = True):
         """`log_path`: also write every line the server prints there (the last 2,000 are kept in `lines`).
-        `settle`: return once the executables deferred at start are loaded too (else at /ready)."""
+        `settle`: return once the executables deferred at start are loaded and those pending at ready compiled
+        too (else at /ready)."""
         self.port = free_port()
         self._log = open(log_path, "w") if log_path else None
         self.url = f"http://127.0.0.1:{self.port}"
@@ -99,11 +100,14 @@ class ServerProcess:
             if message.startswith("warm-up done"):
                 self.startup_timings = record.get("timings", {})
             elif message.startswith("executable store: the") and "deferred at start loaded" in message:
+                if not self.startup_timings.get("pending"):  # and nothing left to compile after ready
+                    self._settled.set()
+            elif message.startswith("compiled the") and "pending at ready" in message:
                 self._settled.set()
             elif message == "ready":
                 self._ready.set()
-                if not self.startup_timings.get("deferred"):  # nothing left to load after ready
-                    self._settled.set()
+                if not self.startup_timings.get("deferred") and not self.startup_timings.get("pending"):
+                    self._settled.set()  # nothing left to load or compile after ready
         if self._log:
             self._log.close()
         self._exited.set()
@@ -116,6 +120,10 @@ class ServerProcess:
             raise RuntimeError("server did not become ready:\n" + "".join(list(self.lines)[-40:]))
         with urllib.request.urlopen(self.url + "/ready", timeout=10) as response:
             assert response.status == 200
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Wait until the server has loaded what it deferred at start and compiled what was pending at ready."""
+        return self._settled.wait(timeout) and not self._exited.is_set()
 
     def wait_for_line(self, wanted: Callable[[str], bool], timeout: float) -> str | None:
         """The first line the server printed (of the last 2,000) that is `wanted`, waiting up to `timeout` for it."""

@@ -15,7 +15,7 @@ from runtime.model.config import load_config
 from runtime.model.kernels import Kernels
 from runtime.model.transformer import Transformer
 from runtime.model.weights import load_arrays
-from tests.conftest import CACHE_DIR
+from tests.conftest import CACHE_DIR, REPO
 from tests.runtime.conftest import stored_executables
 
 
@@ -30,8 +30,8 @@ def fingerprint_of(executables) -> str:
                                                      (1, 1)))
 
 
-def test_the_user_level_caches_are_where_uv_keeps_its_own():
-    assert str(CACHE_DIR).endswith("scorefn") and ".cache" in str(CACHE_DIR)  # $XDG_CACHE_HOME/scorefn by default
+def test_the_caches_are_user_level_not_the_clones():
+    assert REPO not in CACHE_DIR.resolve().parents  # $XDG_CACHE_HOME/scorefn (else ~/.cache/scorefn) by default
 
 
 def test_a_changed_source_flag_or_jaxlib_is_another_executable_set(executables, tmp_path, monkeypatch):

@@ -35,6 +35,33 @@ def small_settings(model_dir, cache_dir, xla_dir, **overrides):
     return load_settings(**{**values, **overrides})
 
 
+# The buckets of one cold start that the tests below copy where they do not assert a cold compile themselves: its
+# store holds every bucket of every plan of these tests but the first test's and those with adapters.
+STORED = dict(length_buckets=(16, 32), batch_buckets=(2,))
+
+
+@pytest.fixture(scope="module")
+def stored(model_dir, cache_dir, tmp_path_factory):
+    """(the compile cache directory of one cold start with STORED, its scores of REQUEST): copy it (`copy_of`)."""
+    xla_dir = tmp_path_factory.mktemp("stored") / "xla"
+    engine = Engine(small_settings(model_dir, cache_dir, xla_dir, **STORED))
+    engine.start()
+    try:
+        assert engine.timings["stored"] == 0 and engine.timings["cache_misses"] == engine.plan.count()
+        return xla_dir, engine.score(REQUEST, [1, 2])
+    finally:
+        engine.stop(5)
+
+
+REQUEST = [[5, 6, 7], [8, 9]]
+
+
+def copy_of(stored, tmp_path):
+    """A test's own copy of the stored start's compile cache and executable store."""
+    shutil.copytree(stored[0], tmp_path / "xla")
+    return tmp_path / "xla"
+
+
 def test_warmup_compiles_each_bucket_once_and_requests_compile_nothing(model_dir, cache_dir, tmp_path):
     engine = Engine(small_settings(model_dir, cache_dir, tmp_path / "xla", length_buckets=(16, 32),
                                    batch_buckets=(1, 4), completion_batch_buckets=(1, 8), max_labels=8))
@@ -61,55 +88,49 @@ def test_warmup_compiles_each_bucket_once_and_requests_compile_nothing(model_dir
         engine.stop(5)
 
 
-def test_second_warmup_loads_every_bucket_without_tracing(model_dir, cache_dir, tmp_path):
+def test_second_warmup_loads_every_bucket_without_tracing(model_dir, cache_dir, tmp_path, stored):
     xla_dir = tmp_path / "xla"
     first = Engine(small_settings(model_dir, cache_dir, xla_dir, batch_buckets=(2,)))
     first.start()
     first.stop(5)
     assert first.timings["stored"] == 0 and first.timings["cache_misses"] == first.plan.count()
-    stored = list((xla_dir / "executables").glob("*/*.jaxexe"))
-    assert len(stored) == first.plan.count(), "the executable store wrote no files"
+    files = list((xla_dir / "executables").glob("*/*.jaxexe"))
+    assert len(files) == first.plan.count(), "the executable store wrote no files"
     second = Engine(small_settings(model_dir, cache_dir, xla_dir, batch_buckets=(2,)))
     compiled_before = executables.cache_events()["backend_compiles"]
     second.start()
     try:
         assert second.timings["stored"] == second.plan.count()  # loaded from the store: nothing traced
         assert second.timings["cache_misses"] == 0 and second.timings["cache_hits"] == 0
-        sequences = [[5, 6, 7], [8, 9]]
-        scores = second.score(sequences, [1, 2])
+        scores = second.score(REQUEST, [1, 2])
         assert all(second.scorer.exe.ensure(*key) for key in second.scorer.exe.deferred_keys())  # beside the start's
         assert second.scorer.exe.loaded == second.plan.count()
         assert executables.cache_events()["backend_compiles"] == compiled_before  # and nothing compiled
-        np.testing.assert_allclose(scores, first_scores(model_dir, cache_dir, xla_dir, sequences), atol=1e-6, rtol=0)
+        np.testing.assert_allclose(scores, stored[1], atol=1e-6, rtol=0)  # a freshly compiled start's
     finally:
         second.stop(5)
 
 
-def test_stored_buckets_load_when_first_run_or_after_ready(model_dir, cache_dir, tmp_path):
+def test_stored_buckets_load_when_first_run_or_after_ready(model_dir, cache_dir, tmp_path, stored):
     """A start loads one stored executable (a store that does not load is then compiled instead, before ready) and
     defers the others: a round loads what it runs, never compiling, and the engine loads the rest after ready, on
     one thread that stop() ends."""
     from runtime.assembly import startup
     from runtime.requests.jobs import Job
 
-    xla_dir = tmp_path / "xla"
-    settings = small_settings(model_dir, cache_dir, xla_dir, length_buckets=(16, 32), batch_buckets=(1, 4))
-    first = Engine(settings)
-    first.start()
-    first.stop(5)
+    settings = small_settings(model_dir, cache_dir, copy_of(stored, tmp_path), **STORED)
     built, _ = startup.serving_scorer(settings, startup.load(settings))
     compiled_before = executables.cache_events()["backend_compiles"]
     warmed = startup.warm_up(built)
     exe, count = built.exe, built.plan.count()
     assert warmed["stored"] == count and exe.loaded == 1 and exe.deferred == count - 1
-    sequences = [[5, 6, 7], [8, 9]]
-    scores = built.score_jobs([Job(sequences, [1, 2])])[0]
+    scores = built.score_jobs([Job(REQUEST, [1, 2])])[0]
     assert 1 < exe.loaded < count and exe.loaded + exe.deferred == count  # the round's buckets, not the others
     keys = exe.deferred_keys()
     assert [math.prod(bucket) for _, bucket in keys] == sorted(math.prod(bucket) for _, bucket in keys)
     assert all(exe.ensure(*key) for key in keys) and exe.deferred == 0 and exe.loaded == count
     assert executables.cache_events()["backend_compiles"] == compiled_before
-    np.testing.assert_allclose(scores, first_scores(model_dir, cache_dir, xla_dir, sequences), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(scores, stored[1], atol=1e-6, rtol=0)  # a freshly compiled start's
 
     before = deferred_loaders()
     engine = Engine(settings)  # the engine's own loader: done, or ended by stop()
@@ -123,15 +144,16 @@ def deferred_loaders() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("scorefn-deferred")}
 
 
-def test_a_changed_model_setting_misses_the_store(model_dir, cache_dir, tmp_path):
-    """The store is keyed by everything that shapes an executable: another dtype traces and compiles again."""
-    xla_dir = tmp_path / "xla"
-    for dtype, stored in (("float32", 0), ("float32", None), ("bfloat16", 0)):
+def test_a_changed_model_setting_misses_the_store(model_dir, cache_dir, tmp_path, stored):
+    """The store is keyed by everything that shapes an executable: another dtype traces and compiles again (a float32
+    start on the copied store loads every bucket; the first bfloat16 one, none)."""
+    xla_dir = copy_of(stored, tmp_path)
+    for dtype, held in (("float32", None), ("bfloat16", 0), ("bfloat16", None)):
         engine = Engine(small_settings(model_dir, cache_dir, xla_dir, batch_buckets=(2,), dtype=dtype,
                                        prefix_sharing=False))
         engine.start()
         engine.stop(5)
-        assert engine.timings["stored"] == (engine.plan.count() if stored is None else stored)
+        assert engine.timings["stored"] == (engine.plan.count() if held is None else held)
 
 
 def test_other_adapters_in_the_same_slots_load_every_bucket_from_the_store(model_dir, cache_dir, tmp_path):
@@ -234,16 +256,6 @@ def test_executables_from_the_persistent_cache_are_not_stored(model_dir, cache_d
         assert second.score([[5, 6, 7]], [1]).shape == (1, 1)
     finally:
         second.stop(5)
-
-
-def first_scores(model_dir, cache_dir, xla_dir, sequences):
-    """The same scores from a freshly traced and compiled scorer (through the persistent cache)."""
-    engine = Engine(small_settings(model_dir, cache_dir, xla_dir / "other", batch_buckets=(2,)))
-    engine.start()
-    try:
-        return engine.score(sequences, [1, 2])
-    finally:
-        engine.stop(5)
 
 
 ZEN4 = ("processor\t: 0\nmodel name\t: AMD EPYC 9B14 96-Core Processor\n"
