@@ -10,13 +10,14 @@ OPENLOOP_PLAN (JSON) and judges the records this file writes to OPENLOOP_RECORDS
    (`rate` in the plan skips it.)
 2. baseline: Poisson arrivals at `baseline` x R (normal latency), for at least `baseline_s` and until `samples`
    one-item scores and completions are answered (the verdicts on latency judge that many);
-3. overload: `multiple` x R for at least `overload_s`, until `samples` of them are answered and every kind of the
-   mix was sent often enough that its fairness verdict could fail (fair_sends);
+3. overload: `multiple` x R for at least `overload_s`, and from when the server says it is overloaded (its load over
+   1, polled: before that the arrivals are a burst), until `samples` of them are answered and every kind of the mix
+   was sent often enough that its fairness verdict could fail (fair_sends);
 4. recovery: `recovery` (default: `baseline`) x R: first until the server's backlog is back to the baseline's
    median (the overload's work done) and `recover_within_s` have passed (`settled`), then for at least `recovery_s`
    and until `samples` of the requests sent from then on are answered.
 No phase runs longer than `max_phase_s`. The server's backlog is polled on /metrics through the baseline and the
-recovery. Between the calibration and the baseline the server is left to finish its work.
+recovery, its load through the overload. Between the calibration and the baseline the server is left to finish its work.
 
 Open loop: an arrival is sent at its time whether or not earlier ones were answered, as independent clients do;
 a closed loop would slow down with the server and hide its overload. The mix, by weight: one-item /v1/score 10,
@@ -71,7 +72,7 @@ def scenarios(rng: random.Random, query_words: int) -> list[tuple[str, str, dict
 
 WEIGHTS = (10, 2, 2, 2)
 NAMES = ("score 1 item", "score 32 items", "rerank", "completions")  # scenarios()'s, in its order
-BACKLOG_POLL_S = 0.5
+POLL_S = 0.5
 
 
 def bulk_body(rng: random.Random, items: int) -> dict:
@@ -176,15 +177,15 @@ class OpenLoop(FastHttpUser):
                 counts[r["scenario"]] += 1
         return min(counts.values())
 
-    def poll_backlog(self, samples: list[float], until: Callable[[], bool]) -> None:
-        """The server's backlog every BACKLOG_POLL_S into `samples` (time from the start, seconds) until `until()`; a
+    def poll(self, name: str, samples: list[tuple[float, float]], until: Callable[[], bool]) -> None:
+        """One of the server's /metrics every POLL_S into `samples` (time from the start, value) until `until()`; a
         scrape that fails (the server busy past the connection's patience) is skipped."""
         while not until():
             try:
-                samples.append((round(time.monotonic() - self.t0, 3), self.metric("scorefn_engine_backlog_seconds")))
+                samples.append((round(time.monotonic() - self.t0, 3), self.metric(name)))
             except RuntimeError:
                 pass
-            gevent.sleep(BACKLOG_POLL_S)
+            gevent.sleep(POLL_S)
 
     def metric(self, name: str) -> float:
         """One of the server's /metrics samples, e.g. scorefn_engine_device_seconds_total."""
@@ -248,16 +249,28 @@ class OpenLoop(FastHttpUser):
             self.arrivals(rate * multiple, lambda elapsed: enough(started, elapsed), group)
             bounds[phase] = [round(started, 3), round(now(), 3)]
 
-        polling = [True]
-        poller = gevent.spawn(self.poll_backlog, backlog, lambda: not polling[0])
-        run("baseline", PLAN["baseline"],
-            lambda started, elapsed: elapsed >= PLAN["baseline_s"] and self.answered(started) >= need)
-        polling[0] = False
-        poller.join()
+        def polled(name: str, samples: list, phase: str, multiple: float, enough: Callable) -> None:
+            """Run a phase while polling one of the server's metrics."""
+            polling = [True]
+            poller = gevent.spawn(self.poll, name, samples, lambda: not polling[0])
+            run(phase, multiple, enough)
+            polling[0] = False
+            poller.join()
+
+        polled("scorefn_engine_backlog_seconds", backlog, "baseline", PLAN["baseline"],
+               lambda started, elapsed: elapsed >= PLAN["baseline_s"] and self.answered(started) >= need)
         calm = sorted(b for _, b in backlog)[len(backlog) // 2] if backlog else 0.0
-        run("overload", PLAN["multiple"],
-            lambda started, elapsed: elapsed >= PLAN["overload_s"] and self.answered(started) >= need
-            and self.sent_of_each_kind(started) >= fair)
+
+        def overloaded(started: float, elapsed: float) -> bool:
+            """Judged from when the server says it is overloaded (before, a burst): its offered load over 1."""
+            if since[0] is None:
+                since[0] = next((t for t, load in loads if load > 1.0), None)
+            return since[0] is not None and elapsed >= PLAN["overload_s"] and self.answered(since[0]) >= need \
+                and self.sent_of_each_kind(since[0]) >= fair
+        loads, since = [], [None]
+        polled("scorefn_engine_load", loads, "overload", PLAN["multiple"], overloaded)
+        if since[0] is not None:  # else the server never said it was overloaded
+            bounds["overloaded"] = [since[0], bounds["overload"][1]]
 
         def recovered(started: float, elapsed: float) -> bool:
             if settled[0] is None:
@@ -266,11 +279,8 @@ class OpenLoop(FastHttpUser):
                 settled[0] = max(backlog[-1][0], round(started + PLAN["recover_within_s"], 3))
             return now() - settled[0] >= PLAN["recovery_s"] and self.answered(settled[0]) >= need
         backlog.clear()
-        polling[0] = True
-        poller = gevent.spawn(self.poll_backlog, backlog, lambda: not polling[0])
-        run("recovery", PLAN.get("recovery", PLAN["baseline"]), recovered)
-        polling[0] = False
-        poller.join()
+        polled("scorefn_engine_backlog_seconds", backlog, "recovery", PLAN.get("recovery", PLAN["baseline"]),
+               recovered)
         if settled[0] is not None:  # else the backlog never drained to the baseline's
             bounds["settled"] = [settled[0], bounds["recovery"][1]]
         self.done = True

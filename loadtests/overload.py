@@ -148,7 +148,7 @@ def summarize(data: dict[str, Any], max_wait_s: float, max_round_s: float) -> di
 
     price = one_item_price(records, "calibrate")
     for phase, (start, end) in bounds.items():
-        if phase == "settled":
+        if phase in ("settled", "overloaded"):
             continue
         mine = [r for r in records if r["phase"] == phase]
         mix = [r for r in mine if r["scenario"] != "bulk"]
@@ -165,6 +165,14 @@ def summarize(data: dict[str, Any], max_wait_s: float, max_round_s: float) -> di
             "bounded": bounded(mine, end - start),
             "scenarios": {name: describe([r for r in mine if r["scenario"] == name], end - start)
                           for name in sorted({r["scenario"] for r in mine})}}
+    if "overloaded" in bounds:  # from when the server said it was overloaded (before, the arrivals are a burst)
+        start, end = bounds["overloaded"]
+        mine = [r for r in records if r["phase"] == "overload" and r["sent"] >= start]
+        mix = [r for r in mine if r["scenario"] != "bulk"]
+        summary["overloaded"] = {"from_s": round(start, 1), **describe(mix, end - start),
+                                 "bounded": bounded(mine, end - start),
+                                 "scenarios": {name: describe([r for r in mine if r["scenario"] == name], end - start)
+                                               for name in sorted({r["scenario"] for r in mine})}}
     if "settled" in bounds:
         # From when the server's backlog was back to the baseline's (the overload's work done), as the load driver
         # polled it, and --recover-within-s after the drop.
@@ -229,9 +237,10 @@ def verdict(summary: dict[str, Any], records: list[dict], samples: int) -> list[
     if wrong:
         problems.append(f"{len(wrong)} answers were neither a checked 200 nor a 429 with Retry-After, e.g. {wrong[0]}")
     phases = summary["phases"]
-    counts = {name: phases[name]["bounded"]["answered"] for name in ("baseline", "overload") if name in phases}
-    if "recovered" in summary:
-        counts["recovery"] = summary["recovered"]["bounded"]["answered"]
+    counts = {"baseline": phases["baseline"]["bounded"]["answered"]} if "baseline" in phases else {}
+    for name, window in (("overload", "overloaded"), ("recovery", "recovered")):
+        if window in summary:
+            counts[name] = summary[window]["bounded"]["answered"]
     for name, counted in counts.items():  # each verdict judges `samples` answers at least
         if counted < samples:
             problems.append(f"the {name} phase answered {counted} one-item scores and completions, fewer than the "
@@ -246,11 +255,14 @@ def verdict(summary: dict[str, Any], records: list[dict], samples: int) -> list[
             problems.append(f"{refused} of {baseline['sent']} requests of the mix were refused at "
                             f"{baseline['multiple']:g}x the capacity ({baseline['multiple_in_phase']:.2f}x what the "
                             f"device computed in the phase): over {LIGHT_REFUSALS:.0%}, beyond doubt")
-    if "overload" in phases and phases["overload"]["multiple"] > 1:
-        overload = phases["overload"]
+    if "overload" in phases and phases["overload"]["multiple"] > 1 and "overloaded" not in summary:
+        problems.append(f"the server never said it was overloaded (its load over 1) at "
+                        f"{phases['overload']['multiple_in_phase']:.2f}x what the device computed in the phase")
+    elif "overload" in phases and phases["overload"]["multiple"] > 1:
+        overload = summary["overloaded"]  # from when the server said so
         if overload["statuses"].get("429", 0) == 0:
-            problems.append(f"the overload phase refused nothing at {overload['multiple_in_phase']:.2f}x what the "
-                            f"device computed in it: it did not overload the server")
+            problems.append(f"the overload phase refused nothing at {phases['overload']['multiple_in_phase']:.2f}x "
+                            f"what the device computed in it: it did not overload the server")
         problems += over_tail(overload["bounded"], "under overload", summary)
         for name, s in overload["scenarios"].items():
             fair = overload["answered_share"] / 2  # at least half the mix's share of answers
@@ -312,6 +324,11 @@ def print_summary(summary: dict[str, Any]) -> None:
                   f"({s['answered_share']:6.1%})  refused {s['statuses'].get('429', 0):6d}  p50 {s['p50_s']:7.3f} s  "
                   f"p99 {s['p99_s']:7.3f} s  queue {s['queue_p50_s']:.3f} s (predicted {s['predicted_queue_p50_s']:.3f})"
                   f"  device {s['device_p50_s']:.3f} s (predicted own {s['predicted_device_p50_s']:.3f})")
+    if "overloaded" in summary:
+        o = summary["overloaded"]
+        print(f"from {o['from_s']:.0f} s (the server said it was overloaded): sent {o['sent']}  answered "
+              f"{o['answered_share']:.1%}  statuses {o['statuses']}; by kind: " + ", ".join(
+                  f"{name} {s['answered_share']:.1%} of {s['sent']}" for name, s in o["scenarios"].items()))
     if "recovered" in summary:
         r = summary["recovered"]
         print(f"from {r['from_s']:.0f} s (the backlog drained): sent {r['sent']}  p50 {r['p50_s']:.3f} s  p99 "

@@ -29,10 +29,11 @@ def overload_counts(run_dir: Path) -> str:
     if not summaries:
         return "no overload summary"
     summary = json.loads(summaries[-1].read_text())
-    phases, recovered = summary["phases"], summary.get("recovered", {})
-    fewest = min((s["sent"] for name, s in phases["overload"]["scenarios"].items() if name != "bulk"), default=0)
+    phases, recovered, overloaded = summary["phases"], summary.get("recovered", {}), summary.get("overloaded", {})
+    fewest = min((s["sent"] for name, s in overloaded.get("scenarios", {}).items() if name != "bulk"), default=0)
     return (f"capacity {summary['calibrated_rate_per_s']:.2f}/s; answered one-item and completions: baseline "
-            f"{phases['baseline']['bounded']['answered']}, overload {phases['overload']['bounded']['answered']}, "
+            f"{phases['baseline']['bounded']['answered']}, overloaded "
+            f"{overloaded.get('bounded', {}).get('answered', 0)}, "
             f"recovered {recovered.get('bounded', {}).get('answered', 0)}; fewest of a kind sent under overload "
             f"{fewest}; multiples in phase " + ", ".join(f"{name} {p['multiple_in_phase']:.2f}"
                                                          for name, p in phases.items()))

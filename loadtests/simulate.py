@@ -120,7 +120,7 @@ def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, 
     if bulk_items:
         at(0.0, "arrive", (f"bulk {bulk_items}", None, None))
     records: list[dict[str, Any]] = []
-    busy = [False]
+    busy, busy_s = [False], [0.0]
 
     def finished(future, record) -> None:
         record["latency"] = now[0] - record["sent"]
@@ -136,8 +136,10 @@ def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, 
             if round is None:
                 return
             took = device.model.seconds(plan_work(plan, [piece.job for piece in round.slices]))
+            took *= math.exp(rng.gauss(0.0, device.noise))
             busy[0] = True
-            at(now[0] + took * math.exp(rng.gauss(0.0, device.noise)), "done", round)
+            busy_s[0] += took
+            at(now[0] + took, "done", round)
 
     while events:
         now[0], _, what, payload = heapq.heappop(events)
@@ -162,6 +164,7 @@ def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, 
                 if not entry.future.done() and entry.add(piece.start, [None] * (piece.stop - piece.start), 0.0):
                     entry.future.set_result(None)
         dispatch()
+    scheduler.device_busy_s = busy_s[0]  # the simulated device's seconds of work (its utilization over `seconds`)
     return records, scheduler
 
 

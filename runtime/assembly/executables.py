@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from runtime.assembly.entry_points import entry_point
+from runtime.assembly.pending import PendingCompiles
 from runtime.assembly.sharding import MeshLayout
 from runtime.assembly.store import (ExecutableStore, cache_events, cache_hits_in_this_thread, fingerprint,
                                     fingerprint_parts)
@@ -78,14 +79,8 @@ class Executables:
         # Held by the store, not loaded yet: each loads when first run, or when the start loads it after ready.
         self._deferred: set[tuple] = set()
         self._loading = threading.Lock()  # one deferred load (or first-use compile) at a time: a run waits for it
-        # Not compiled at warm-up (a start ready after its first buckets): compiled after ready by the start's
-        # background compiler, smallest first, those a round waits for (`_wanted`) next; never in a round.
-        self._pending: set[tuple] = set()
-        self._compiling: set[tuple] = set()  # taken from _pending, not compiled yet
-        self._wanted: list[tuple] = []
-        self._failed: dict[tuple, Exception] = {}
-        self._compiler = threading.Condition()  # guards the four above; notified as each is compiled
-        self._compiler_running = False  # until then (the start, before ready), a pending bucket compiles on first use
+        # Not compiled at warm-up (a start ready after its first buckets): compiled after ready in the background.
+        self._pending = PendingCompiles(self._compile_key, lambda key: key in self._compiled)
         self.compiles = 0  # executables compiled (or loaded from a cache or the store) by this object
         self.loaded = 0  # of which loaded from the store, without tracing
 
@@ -124,8 +119,7 @@ class Executables:
                     progress(done, f"{held[0][0]}{held[0][1]} (and {len(held) - 1} deferred)", timings[held[0]])
         todo = [key for key in missing if not self.has(*key)]
         if first is not None:
-            with self._compiler:
-                self._pending.update(key for key in todo if key not in first)
+            self._pending.add([key for key in todo if key not in first])
             todo = [key for key in todo if key in first]
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             def compile_one(name: str, bucket: tuple, lowered, traced: float) -> tuple[str, float]:
@@ -208,13 +202,13 @@ class Executables:
         key = (name, bucket)
         if key in self._compiled:
             return True
-        if key in self._pending or key in self._compiling:
-            return self._await_compile(key)
+        if key in self._pending:
+            return self._pending.wait_for(key)
         with self._loading:
             if key in self._compiled or key not in self._deferred:
                 return key in self._compiled
             if not self.load_stored(name, bucket):  # unreadable since warm-up (the store logged it): compile, once
-                self.add(name, bucket, self.lower(name, *self.specs(PROGRAMS[name], bucket)))
+                self._compile_key(key)
             with self._lock:
                 self._deferred.discard(key)
             return True
@@ -224,66 +218,14 @@ class Executables:
         """Buckets left for the background compiler."""
         return len(self._pending)
 
-    def _await_compile(self, key: tuple) -> bool:
-        """A pending bucket: compiled by the background compiler, which takes it next while this waits; compiled here
-        when no compiler runs (the start, before ready; a stopping server's drain)."""
-        while True:
-            with self._compiler:
-                if key in self._compiled:
-                    return True
-                if key in self._failed:
-                    raise RuntimeError(f"{key[0]}{key[1]} did not compile") from self._failed[key]
-                if not self._compiler_running and key in self._pending:
-                    self._pending.discard(key)
-                    self._compiling.add(key)
-                    break
-                if key not in self._wanted:
-                    self._wanted.append(key)
-                    self._compiler.notify_all()
-                self._compiler.wait()
-        try:
-            self.add(*key, self.lower(key[0], *self.specs(PROGRAMS[key[0]], key[1])))
-        finally:
-            with self._compiler:
-                self._compiling.discard(key)
-                self._compiler.notify_all()
-        return True
-
     def compile_pending(self, progress: Callable[[int, str, float], None] | None = None,
                         stopped: Callable[[], bool] = lambda: False) -> int:
-        """The background compiler: every pending bucket, those a round waits for first, then smallest first; each
-        stored as a warm-up stores it. Once `stopped()`, only those a round waits for. Returns how many it compiled."""
-        done = 0
-        with self._compiler:
-            self._compiler_running = True
-        try:
-            while True:
-                with self._compiler:
-                    wanted = [key for key in self._wanted if key in self._pending]
-                    if not wanted and (not self._pending or stopped()):
-                        break
-                    key = wanted[0] if wanted else min(self._pending, key=lambda k: (math.prod(k[1]), k))
-                    self._pending.discard(key)
-                    self._compiling.add(key)
-                started = time.perf_counter()
-                try:
-                    self.add(*key, self.lower(key[0], *self.specs(PROGRAMS[key[0]], key[1])))
-                except Exception as exc:  # a round waiting for it fails, saying why; the others go on
-                    log.exception("%s%s did not compile after ready", *key)
-                    self._failed[key] = exc
-                with self._compiler:
-                    self._compiling.discard(key)
-                    if key in self._wanted:
-                        self._wanted.remove(key)
-                    self._compiler.notify_all()
-                done += 1
-                if progress:
-                    progress(done, f"{key[0]}{key[1]}", time.perf_counter() - started)
-        finally:
-            with self._compiler:  # a round that waits for one still pending (a stopping server's) compiles it itself
-                self._compiler_running = False
-                self._compiler.notify_all()
-        return done
+        """The background compiler of the buckets left pending at warm-up (PendingCompiles.compile_all); each stored
+        as a warm-up stores it."""
+        return self._pending.compile_all(progress, stopped)
+
+    def _compile_key(self, key: tuple) -> None:
+        self.add(*key, self.lower(key[0], *self.specs(PROGRAMS[key[0]], key[1])))
 
     def load_stored(self, name: str, bucket: tuple) -> bool:
         """Load a bucket's executable from the store without tracing it; False when it is not there."""

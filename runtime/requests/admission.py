@@ -10,8 +10,9 @@ share of a round, runtime.requests.round_builder):
                                                               when the oldest request is ahead anyway)
     small (own <= max_wait / 2):  wait + own <= max_wait   (it is answered within SCOREFN_MAX_WAIT_S)
     any:     now + inflight + ahead / (1 - OLDEST_SHARE) <= deadline   (it starts before SCOREFN_REQUEST_TIMEOUT_S)
-    overload (offered work above what the device computes over the last 30 s and the last 5 s):
-             backlog <= BACKLOG_WAITS * max_wait
+    overload (offered work `load` times what the device computes, over the last 30 s and the last 5 s, above 1):
+             backlog <= BACKLOG_WAITS * max_wait; over max_wait / 2 of it, one request in load * packing let in
+             whatever its kind; a small one judged as the longest small one would be (own = max_wait / 2)
 
 Every rule refuses for work ahead of the request, never for its own: on an idle instance `wait` and the backlog are 0,
 so every request within the limits is admitted, and a large one (own over max_wait / 2, even over max_wait) is
@@ -28,9 +29,11 @@ The backlog is all the work admitted and not done (in flight and queued), so und
 what was admitted before the overload was noticed is done before more is let in: once the load drops, the instance is
 back to normal as soon as that backlog is done. Offered work counts each request's share of a busy device up to
 SCOREFN_MAX_WAIT_S, and a request refused and sent again within the long window counts once: a client that retries
-after every Retry-After does not keep an overload alive. The overload rule does not depend on the request, so under
+after every Retry-After does not keep an overload alive. The overload rules do not depend on the request, so under
 overload every kind of request is refused in the same proportion and answered in proportion to what it asks; below
-capacity it never applies, so bursts are queued, not refused. Otherwise QueueFull, with Retry-After the seconds until
+capacity they never apply, so bursts are queued, not refused. Where every request is small (a fast device), the
+promise to small requests alone would refuse the longest of them first and keep the backlog under its bound: hence the
+credit and the common judgment (docs/admission.md, "Overload"). Otherwise QueueFull, with Retry-After the seconds until
 the work ahead is predicted to have drained enough for the rule that refused it to pass. SCOREFN_MAX_QUEUE stays a
 hard cap on the number of queued requests. A small request admitted that can no longer start in time, the device
 running slower than predicted, is refused when the round before it is taken. Pure Python.
@@ -84,6 +87,7 @@ class AdmissionControl:
         self._offered = [0.0] * len(self.LOAD_WINDOWS_S)  # decayed sums of the work asked for (each request's up to
         self._offered_at = self._clock()  # max_wait) over each window
         self._refused_at: dict[int, float] = {}  # fingerprint -> when, for the requests refused within the long window
+        self._share = 1.0  # under overload, the credit of 1 / load each request adds: one is let in per whole one
         self._closed = False  # no new work
 
     def admit(self, job: Any, deadline: float | None, request_id: str | None,
@@ -141,18 +145,33 @@ class AdmissionControl:
         is judged at the queued work's price (a refusal there is a bet that the request would have been dropped)."""
         own, wait, load = entry.admission.own_s, entry.admission.wait_s, entry.admission.load
         refusals = []  # (seconds over, reason, what the client is told): over is the wait to drain first
-        if own <= self.max_wait_s / 2 and wait + own > self.max_wait_s:
-            refusals.append((wait + own - self.max_wait_s, "wait", f"this request would wait {wait:.1f} s for the "
-                             f"device (its own work: {own:.1f} s), over the limit of {self.max_wait_s:g} s "
-                             f"(SCOREFN_MAX_WAIT_S)"))
+        if own <= self.max_wait_s / 2:
+            judged, why = own, f"its own work: {own:.1f} s"
+            if load > 1.0:  # overloaded: judged as the longest small request, so every small kind is refused alike
+                wait, judged = max(wait, self.packed_wait_s(self.max_wait_s / 2)), self.max_wait_s / 2
+                why = f"overloaded, each small request judged as {judged:g} s of work"
+            if wait + judged > self.max_wait_s:
+                refusals.append((wait + judged - self.max_wait_s, "wait", f"this request would wait {wait:.1f} s for "
+                                 f"the device ({why}), over the limit of {self.max_wait_s:g} s (SCOREFN_MAX_WAIT_S)"))
         if entry.deadline is not None and now + (start := self.wait_s(share)) > entry.deadline:
             refusals.append((now + start - entry.deadline, "deadline", f"this request would wait {start:.1f} s for "
                              f"the device, past its deadline (SCOREFN_REQUEST_TIMEOUT_S)"))
-        if load > 1.0 and (backlog := self.backlog.seconds()) > self.backlog_limit_s:
-            refusals.append((backlog - self.backlog_limit_s, "overload", f"the instance is overloaded (asked for "
-                             f"{load:.1f}x what it computes, over the last {max(self.LOAD_WINDOWS_S):g} s and the last "
-                             f"{min(self.LOAD_WINDOWS_S):g} s) and {backlog:.1f} s of work are queued, over "
-                             f"{self.backlog_limit_s:g} s ({self.BACKLOG_WAITS:g} x SCOREFN_MAX_WAIT_S)"))
+        if load > 1.0:
+            overloaded = (f"the instance is overloaded (asked for {load:.1f}x what it computes, over the last "
+                          f"{max(self.LOAD_WINDOWS_S):g} s and the last {min(self.LOAD_WINDOWS_S):g} s)")
+            if (backlog := self.backlog.seconds()) > self.backlog_limit_s:
+                refusals.append((backlog - self.backlog_limit_s, "overload", f"{overloaded} and {backlog:.1f} s of "
+                                 f"work are queued, over {self.backlog_limit_s:g} s ({self.BACKLOG_WAITS:g} x "
+                                 f"SCOREFN_MAX_WAIT_S)"))
+            # While work waits (the device saturated: over half a budget queued), one request in `load` (at what
+            # busy rounds cost) is let in, whatever its kind; once the backlog has drained, every one again.
+            elif not refusals and backlog > self.max_wait_s / 2:
+                ratio = load * self.backlog.packing
+                self._share = min(self._share + 1 / ratio, 2.0)
+                if self._share < 1.0:
+                    refusals.append((self.round_s, "overload", f"{overloaded}: one request in {ratio:.1f} is let in"))
+                else:
+                    self._share -= 1.0
         if refusals:
             over, reason, message = max(refusals)
             self.refused[reason] += 1

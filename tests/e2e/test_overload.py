@@ -1,6 +1,6 @@
 """Open-loop overload, CI-sized (loadtests/overload.py): a real server on loopback with the small buckets; its capacity
-for the mix measured on the mix itself (answered per second of device time); Poisson arrivals at 0.7x of it (nothing
-refused), 4x (refused alike by kind, small requests still fast) and 0.5x (recovered), one bulk client beside them.
+for the mix measured on the mix itself (answered per second of device time); Poisson arrivals at 0.7x of it (at most
+1% refused), 4x (refused alike by kind, small requests still fast) and 0.5x (recovered), one bulk client beside them.
 Each phase runs until its verdicts have their samples at the capacity this host calibrates (SAMPLES answers, and
 every kind sent often enough that its fairness verdict could fail), and the run's verdicts judge counts beyond doubt
 (loadtests/overload.py); the properties themselves are judged over simulated minutes in
@@ -52,9 +52,10 @@ def test_open_loop_overload_is_answered_fast_or_refused_alike(tmp_path: Path, em
     assert overload["statuses"]["429"] > 0 and overload["statuses"]["200"] > 0
     assert summary["latency_bound_s"] == summary["max_wait_s"] + max(summary["round_budget_s"], summary["round_p99_s"])
     # Enough small answers for the verdicts on their latency to be decided by the server, in every phase judged
-    assert min(phases[name]["bounded"]["answered"] for name in ("baseline", "overload")) >= SAMPLES
-    assert summary["recovered"]["bounded"]["answered"] >= SAMPLES
-    assert min(s["sent"] for name, s in overload["scenarios"].items() if name != "bulk") >= fair_sends(4)
+    overloaded = summary["overloaded"]  # from when the server said it was overloaded
+    assert min(window["bounded"]["answered"] for window in (phases["baseline"], overloaded,
+                                                            summary["recovered"])) >= SAMPLES
+    assert min(s["sent"] for name, s in overloaded["scenarios"].items() if name != "bulk") >= fair_sends(4)
     assert all("multiple_in_phase" in phase for phase in phases.values())
     assert {"score 1 item", "score 32 items", "rerank", "completions", "bulk"} <= {
         name for phase in phases.values() for name in phase["scenarios"]}

@@ -19,6 +19,13 @@ ROUND_S = round_budget(MAX_WAIT_S, load_settings(environ={}).max_round_s)
 # seconds, one alone in all of its own (0.85-0.98 measured by workload, AMD EPYC Zen 4). Priced as one lane, the
 # latter left 32-item requests queued past their deadline at 0.7x (7 refused over 12 runs of 300 s, 2026-11-29).
 DEVICES = {"one lane": Device(), "two lanes": Device(lanes=2, overlap=0.85)}
+# A device whose batch dominates its price (a GPU; the embedded model's shapes with 2 layers on a CPU): every request of
+# the mix is small there (a 32-item score 0.29 s), and the promise to small requests refused the longest of them first
+# (12% of the 32-item scores answered at 4x, 100% of the one-item ones) until the overload rules let one request in
+# load x packing in, whatever its kind.
+FAST = Device(per_batch=0.042, per_token=(("full", 1 / 24371), ("context", 1 / 24371), ("continuation", 1 / 24371),
+                                          ("completion", 1 / 1932)))
+OVERLOADED = {**DEVICES, "fast": FAST}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -45,22 +52,32 @@ def test_on_an_idle_device_a_request_whose_own_rounds_exceed_the_limit_is_never_
     assert own > MAX_WAIT_S and kind["sent"] == kind["answered"] >= 3 and sum(scheduler.refused.values()) == 0
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", OVERLOADED)
 @pytest.mark.parametrize("bulk_items", [256, 1024])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_at_four_times_capacity_every_kind_is_answered_in_proportion_and_small_ones_fast(bulk_items, seed, device):
-    records, scheduler = simulate(4.0, 300, bulk_items=bulk_items, seed=seed, max_wait_s=MAX_WAIT_S,
-                                  device=DEVICES[device])
+    # 600 simulated seconds: the first ~10 s, before the overload is noticed, weigh little (at 300 s one run's kind
+    # fell to 0.74 of the mix's share, 2.5 standard deviations of its 374 requests from the others')
+    records, scheduler = simulate(4.0, 600, bulk_items=bulk_items, seed=seed, max_wait_s=MAX_WAIT_S,
+                                  device=OVERLOADED[device])
     summary = summarize(records)
     shares = {name: summary["kinds"][name]["answered_share"] for name, _ in MIX}
     # each kind's answered share within a quarter of the mix's: answers in proportion to the work asked for
     assert summary["fairness"] >= 0.75, shares
-    # About a quarter: the capacity, less the bulk client's share (0.14-0.20 over these seeds and sizes, 2026-11-26).
-    assert 0.12 <= summary["mix_answered_share"] <= 0.3
+    # The device kept busy: refusals never leave it idle
+    assert scheduler.device_busy_s >= 0.95 * 600
+    if device != "fast":  # under a quarter: the capacity, less the bulk client's share, answered in proportion too
+        # (0.11-0.18, 2026-12-06); the fast device's capacity counts each request alone, so 4x of it is less of what
+        # it computes when batched
+        assert 0.08 <= summary["mix_answered_share"] <= 0.3
     assert summary["bounded_p99_s"] <= MAX_WAIT_S + ROUND_S
     assert {r["status"] for r in records} == {200, 429}  # refused at once or answered, never dropped
     assert summary["kinds"][f"bulk {bulk_items}"]["answered"] >= 1
-    assert scheduler.refused["overload"] > 0.9 * summary["mix_refused"]  # refused alike, whatever their size
+    # refused alike, whatever their size: mostly by the overload rules, the rest by the promise to small requests,
+    # which judges each as the longest of them (0.86-0.92 on these devices, 2026-12-06; where every request is small,
+    # mostly the latter: the fairness above judges both)
+    if device != "fast":
+        assert scheduler.refused["overload"] > 0.8 * summary["mix_refused"]
 
 
 def test_at_capacity_refusals_are_few_and_none_is_dropped():
