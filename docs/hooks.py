@@ -60,6 +60,8 @@ ERROR_MEANINGS: tuple[tuple[tuple[str, ...], str], ...] = (
      "`model` is not the served model (`/v1/classify`: not a classifier's id; `/v1/rerank`: not a reranker's id)"),
     (("too_many_items", "too_many_labels", "too_many_tokens"),
      "over `SCOREFN_MAX_ITEMS`, `SCOREFN_MAX_LABELS`, `SCOREFN_MAX_TOTAL_TOKENS`"),
+    (("invalid_cache_salt_type", "invalid_cache_salt"),
+     "`cache_salt` not a string, empty, or over 256 characters ([the prefix cache](how-it-works/prefix-cache.md))"),
     (("empty_sequence",), "an item whose full sequence has no token (nothing to predict from)"),
     (("context_length_exceeded",),
      "a sequence longer than the largest length bucket (never truncated; the message states limit and length)"),

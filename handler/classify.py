@@ -6,7 +6,7 @@ classifier they are the verbalizer tokens (log-probabilities, i.e. logits minus 
 softmax is the softmax of the verbalizer logits).
 
 Order: input (missing, type, empty, token range), truncate_prompt_tokens, use_activation, user, rid, priority,
-model; then too_many_items, and after tokenization empty_sequence, context_length_exceeded, too_many_tokens.
+model, cache_salt; then too_many_items, and after tokenization empty_sequence, context_length_exceeded, too_many_tokens.
 A JSON null counts as the field being absent.
 """
 
@@ -21,9 +21,9 @@ import numpy as np
 
 from handler import schemas
 from handler.errors import ERRORS
-from handler.http import Scoring, label_values, submit_labels
-from handler.validation import (InputsField, check_count, check_sequence, check_total_tokens, decode_inputs, optional,
-                                select_named)
+from handler.http import Scoring, cached, label_values, submit_labels
+from handler.validation import (InputsField, cache_salt, check_count, check_sequence, check_total_tokens, decode_inputs,
+                                optional, select_named)
 from runtime.interface import ScoreResult, ScoringEngine
 from runtime.probability import sigmoid, softmax
 from runtime.settings import Settings
@@ -43,6 +43,7 @@ class ClassifyJob:
     model: str  # the classifier's id (or the LoRA adapter's name), answered as `model`
     n_tokens: int  # usage.prompt_tokens
     adapter: str | None = None  # the LoRA adapter it runs with (None: the base model)
+    cache_salt: str | None = None  # the prefix cache's (runtime.requests.prefix_cache)
 
 
 def validate_classify_request(request: schemas.ClassifyRequest, engine: ScoringEngine,
@@ -55,12 +56,13 @@ def validate_classify_request(request: schemas.ClassifyRequest, engine: ScoringE
     optional(request.priority, int, ERRORS.invalid_priority_type, None)
     classifier, adapter = _classifier(request.model, engine)
     adapter = adapter or classifier.adapter  # a classification adapter's own head
+    salt = cache_salt(request.cache_salt)
 
     check_count(len(inputs), settings.max_items, "input")
     sequences = [_prompt(index, value, classifier, engine, keep) for index, value in enumerate(inputs)]
     n_tokens = check_total_tokens(sequences, settings.max_total_tokens, "prompts", "input")
     return ClassifyJob(sequences, list(classifier.label_ids), classifier, use_activation, adapter or classifier.name,
-                       n_tokens, adapter)
+                       n_tokens, adapter, salt)
 
 
 def classify_response(job: ClassifyJob, result: ScoreResult, engine: ScoringEngine) -> schemas.ClassifyResponse:
@@ -71,8 +73,9 @@ def classify_response(job: ClassifyJob, result: ScoreResult, engine: ScoringEngi
     data = [schemas.ClassifyData(index=i, label=labels[best[i]], probs=row, num_classes=len(labels))
             for i, row in enumerate(probs.tolist())]
     return schemas.ClassifyResponse(id=f"classify-{uuid.uuid4().hex}", created=int(time.time()), model=job.model,
-                                    data=data, usage=schemas.Usage(prompt_tokens=job.n_tokens,
-                                                                   total_tokens=job.n_tokens))
+                                    data=data, usage=schemas.Usage(
+                                        prompt_tokens=job.n_tokens, total_tokens=job.n_tokens,
+                                        prompt_tokens_details=cached(result)))
 
 
 CLASSIFY = Scoring(schemas.CLASSIFY_REQUEST_DECODER, validate_classify_request, submit_labels, classify_response)

@@ -12,7 +12,7 @@ Like vLLM, each position's `top_logprobs` holds the `logprobs` most likely token
 `text_offset` counts the characters of the tokens as each decodes alone, from the start of `text`.
 
 Order: prompt (missing, type, empty, token range), max_tokens, echo, logprobs, temperature, top_p, seed, stop,
-n, best_of, stream, suffix, presence_penalty, frequency_penalty, user, model; then too_many_items, and after
+n, best_of, stream, suffix, presence_penalty, frequency_penalty, user, model, cache_salt; then too_many_items, and after
 tokenization empty_sequence, context_length_exceeded, too_many_tokens. A JSON null counts as the field being absent.
 """
 
@@ -28,9 +28,9 @@ import msgspec
 
 from handler import schemas
 from handler.errors import ERRORS, ErrorSpec
-from handler.http import Scoring
-from handler.validation import (InputsField, check_count, check_sequence, check_total_tokens, decode_inputs, is_given,
-                                optional, require_language_model, served_model)
+from handler.http import Scoring, cached
+from handler.validation import (InputsField, cache_salt, check_count, check_sequence, check_total_tokens, decode_inputs,
+                                is_given, optional, require_language_model, served_model)
 from runtime.interface import Sampling, ScoringEngine, TokenLogprobs, TokenLogprobsResult
 from runtime.settings import Settings
 
@@ -53,6 +53,7 @@ class CompletionJob:
     model: str
     n_tokens: int  # usage.prompt_tokens
     adapter: str | None = None  # the LoRA adapter `model` names (None: the base model)
+    cache_salt: str | None = None  # the prefix cache's (runtime.requests.prefix_cache)
 
 
 def validate_completion_request(request: schemas.CompletionRequest, engine: ScoringEngine,
@@ -81,6 +82,7 @@ def validate_completion_request(request: schemas.CompletionRequest, engine: Scor
              ERRORS.invalid_frequency_penalty, -2.0, 2.0)
     optional(request.user, str, ERRORS.invalid_user_type, None)
     model, adapter = served_model(request.model, engine)
+    salt = cache_salt(request.cache_salt)
 
     check_count(len(prompts), settings.max_items, "prompt")
     texts = list(prompts) if isinstance(prompts[0], str) else None
@@ -89,12 +91,14 @@ def validate_completion_request(request: schemas.CompletionRequest, engine: Scor
     # Without a seed each prompt draws from a fresh generator; with one, the same seed for each prompt.
     seeds = [seed if seed is not None else random.getrandbits(32) for _ in sequences]
     sampling = [Sampling(temperature, s) for s in seeds]
-    return CompletionJob(sequences, sampling, texts, max_tokens, echo, logprobs, stop, model, n_tokens, adapter)
+    return CompletionJob(sequences, sampling, texts, max_tokens, echo, logprobs, stop, model, n_tokens, adapter,
+                         salt)
 
 
 def submit_prompts(engine: ScoringEngine, job: CompletionJob, deadline: float,
                    request_id: str) -> concurrent.futures.Future:
-    return engine.submit_logprobs(job.sequences, job.sampling, deadline, request_id=request_id, adapter=job.adapter)
+    return engine.submit_logprobs(job.sequences, job.sampling, deadline, request_id=request_id, adapter=job.adapter,
+                                  cache_salt=job.cache_salt)
 
 
 def completion_response(job: CompletionJob, result: TokenLogprobsResult,
@@ -107,7 +111,8 @@ def completion_response(job: CompletionJob, result: TokenLogprobsResult,
     return schemas.CompletionResponse(
         id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=job.model, choices=choices,
         usage=schemas.Usage(prompt_tokens=job.n_tokens, completion_tokens=completion_tokens,
-                            total_tokens=job.n_tokens + completion_tokens))
+                            total_tokens=job.n_tokens + completion_tokens,
+                            prompt_tokens_details=cached(result)))
 
 
 COMPLETIONS = Scoring(schemas.COMPLETION_REQUEST_DECODER, validate_completion_request, submit_prompts,

@@ -160,6 +160,10 @@ class _Errors(ErrorSet):
     pair_too_long = context_length_exceeded.worded(TOO_LONG + " Set max_tokens_per_doc to cut long documents.")
     too_many_tokens = ErrorSpec(400, INVALID_REQUEST, "The request's {what} have {count} tokens in total, more than "
                                 "the limit of {limit}.")
+    # cache_salt (every scoring endpoint): the prefix cache's isolation (runtime.requests.prefix_cache)
+    invalid_cache_salt_type = _wrong_type("cache_salt")
+    invalid_cache_salt = ErrorSpec(400, INVALID_VALUE, "cache_salt must be a non-empty string of at most {limit} "
+                                   "characters; got {length}.", param="cache_salt")
     missing_text = _missing("text")  # /v1/tokenize
     invalid_text_type = _wrong_type("text")
     invalid_add_special_tokens_type = _wrong_type("add_special_tokens")

@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 
 from handler.errors import ApiError
-from handler.schemas import ENCODER, ErrorBody, ErrorEnvelope
+from handler.schemas import ENCODER, ErrorBody, ErrorEnvelope, PromptTokensDetails
 from handler.tracing import SpanHooks
 from runtime.interface import Prediction, ScoreResult, ScoringEngine
 from runtime.settings import Settings
@@ -61,7 +61,13 @@ class Scoring:
 
 def submit_labels(engine: ScoringEngine, job: Any, deadline: float, request_id: str) -> concurrent.futures.Future:
     """Score the job's label tokens after each of its sequences (/v1/score, /v1/classify, /v1/rerank)."""
-    return engine.submit(job.sequences, job.label_ids, deadline, request_id=request_id, adapter=job.adapter)
+    return engine.submit(job.sequences, job.label_ids, deadline, request_id=request_id, adapter=job.adapter,
+                         cache_salt=job.cache_salt)
+
+
+def cached(result: Any) -> PromptTokensDetails:
+    """usage.prompt_tokens_details: the prompt tokens the prefix cache held (runtime.requests.prefix_cache)."""
+    return PromptTokensDetails(cached_tokens=result.cached_tokens)
 
 
 def label_values(job: Any, result: ScoreResult) -> np.ndarray:

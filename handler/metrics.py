@@ -39,6 +39,11 @@ _ENGINE_COUNTERS.update({
     "refused_queue": "Requests refused (429) because SCOREFN_MAX_QUEUE requests were waiting.",
     "refused_late": "Small requests admitted and then refused (429) because the device ran slower than predicted and "
                     "they could no longer start within SCOREFN_MAX_WAIT_S.",
+    # the prefix cache's, exported as scorefn_prefix_cache_* (runtime.requests.prefix_cache)
+    "prefix_cache_query_tokens": "Leading tokens of requests looked up in the prefix cache.",
+    "prefix_cache_hit_tokens": "Of those, the tokens whose keys and values the cache held (not computed again).",
+    "prefix_cache_evictions": "Cached prefixes evicted (least recently used) to stay within "
+                              "SCOREFN_PREFIX_CACHE_BYTES.",
 })
 _ENGINE_GAUGES = {
     "queue_depth": "Requests waiting for the device, whole or in part.",
@@ -53,6 +58,8 @@ _ENGINE_GAUGES = {
                                  "(full, context, continuation, completion), once batches are large.",
     "service_batch_overlap": "Seconds of two device batches run at once (a CPU's launcher threads) over the sum of "
                              "each alone, measured at start; 1 where batches run one at a time.",
+    "prefix_cache_bytes": "Bytes of keys and values the prefix cache holds (at most SCOREFN_PREFIX_CACHE_BYTES).",
+    "prefix_cache_entries": "Prefixes the prefix cache holds.",
     "startup_seconds": "Seconds of each phase of the start (boot, import, load, compile, calibrate): their sum is "
                        "the time from the process's start to ready.",
     "startup_executables": "The start's executables by where they came from: stored (the executable store, e.g. "
@@ -80,7 +87,8 @@ class EngineStatsCollector(Collector):
                                    "on a CPU its model, the feature class compiled for and why the dtype.",
                                    value=engine.platform_info)
         for key, value in sorted(stats.items()):
-            name = "scorefn_engine_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+            name = ("scorefn_" if key.startswith("prefix_cache_") else "scorefn_engine_") + \
+                re.sub(r"[^a-zA-Z0-9_]", "_", key)
             if key in _ENGINE_COUNTERS:
                 yield CounterMetricFamily(name, _ENGINE_COUNTERS[key], value=float(value))
             elif isinstance(value, dict):  # one gauge per kind

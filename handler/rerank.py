@@ -6,8 +6,8 @@ first in every template, so a request's pairs share their leading tokens and the
 computes them once.
 
 Order: query (missing, type, empty), documents (missing, type, empty), top_n, return_documents,
-max_tokens_per_doc, model; then too_many_items, and after tokenization empty_sequence, context_length_exceeded,
-too_many_tokens. A JSON null counts as the field being absent.
+max_tokens_per_doc, model, cache_salt; then too_many_items, and after tokenization empty_sequence,
+context_length_exceeded, too_many_tokens. A JSON null counts as the field being absent.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import numpy as np
 
 from handler import schemas
 from handler.errors import ERRORS, ErrorSpec
-from handler.http import Scoring, label_values, submit_labels
-from handler.validation import check_count, check_sequence, check_total_tokens, optional, required, select_named
+from handler.http import Scoring, cached, label_values, submit_labels
+from handler.validation import (cache_salt, check_count, check_sequence, check_total_tokens, optional, required,
+                                select_named)
 from runtime.interface import ScoreResult, ScoringEngine
 from runtime.probability import sigmoid
 from runtime.settings import Settings
@@ -41,6 +42,7 @@ class RerankJob:
     model: str  # the reranker's id (or the LoRA adapter's name), answered as `model`
     n_tokens: int  # usage.prompt_tokens
     adapter: str | None = None  # the LoRA adapter it runs with (None: the base model)
+    cache_salt: str | None = None  # the prefix cache's (runtime.requests.prefix_cache)
 
 
 def validate_rerank_request(request: schemas.RerankRequest, engine: ScoringEngine, settings: Settings) -> RerankJob:
@@ -51,13 +53,14 @@ def validate_rerank_request(request: schemas.RerankRequest, engine: ScoringEngin
     max_tokens = _positive(request.max_tokens_per_doc, ERRORS.invalid_max_tokens_per_doc_type,
                            ERRORS.invalid_max_tokens_per_doc, None)
     reranker, adapter = _reranker(request.model, engine)
+    salt = cache_salt(request.cache_salt)
 
     check_count(len(documents), settings.max_items, "documents")
     sequences = [_pair(index, query, document, reranker, engine, max_tokens)
                  for index, document in enumerate(documents)]
     n_tokens = check_total_tokens(sequences, settings.max_total_tokens, "query-document pairs", "documents")
     return RerankJob(sequences, list(reranker.label_ids), reranker, documents, min(top_n, len(documents)),
-                     return_documents, adapter or reranker.name, n_tokens, adapter)
+                     return_documents, adapter or reranker.name, n_tokens, adapter, salt)
 
 
 def relevance(values: np.ndarray, reranker: Reranker) -> np.ndarray:
@@ -75,7 +78,9 @@ def rerank_response(job: RerankJob, result: ScoreResult, engine: ScoringEngine) 
     results = [schemas.RerankResult(index=i, relevance_score=scores[i], document=schemas.RerankDocument(
         text=job.documents[i]) if job.return_documents else msgspec.UNSET) for i in order]
     return schemas.RerankResponse(id=f"rerank-{uuid.uuid4().hex}", model=job.model, results=results,
-                                  usage=schemas.RerankUsage(prompt_tokens=job.n_tokens, total_tokens=job.n_tokens))
+                                  usage=schemas.RerankUsage(
+                                      prompt_tokens=job.n_tokens, total_tokens=job.n_tokens,
+                                      prompt_tokens_details=cached(result)))
 
 
 RERANK = Scoring(schemas.RERANK_REQUEST_DECODER, validate_rerank_request, submit_labels, rerank_response)

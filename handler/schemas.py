@@ -71,12 +71,22 @@ class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     model: Annotated[msgspec.Raw, _doc(
         "The served model's id (GET /v1/models); omitted or null: the served model.", type=["string", "null"],
     )] = msgspec.UNSET
+    cache_salt: Annotated[msgspec.Raw, _doc(
+        "Prefixes are shared through the prefix cache only between requests with the same salt (none: the "
+        "unsalted ones): one tenant's requests cannot find another's prompt cached.",
+        type=["string", "null"], minLength=1, maxLength=256,
+    )] = msgspec.UNSET
+
+
+class PromptTokensDetails(msgspec.Struct, frozen=True, kw_only=True):
+    cached_tokens: int = 0  # of prompt_tokens, those whose keys and values came from the prefix cache
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int  # sum of the lengths of every item's full sequence
     completion_tokens: int = 0
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
 
 
 class ScoreResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,6 +134,11 @@ class ClassifyRequest(msgspec.Struct, frozen=True, kw_only=True):
     rid: Annotated[msgspec.Raw, _doc("Accepted for compatibility; ignored.", type=["string", "null"])] = msgspec.UNSET
     priority: Annotated[msgspec.Raw, _doc("Accepted for compatibility; ignored.",
                                           type=["integer", "null"])] = msgspec.UNSET
+    cache_salt: Annotated[msgspec.Raw, _doc(
+        "Prefixes are shared through the prefix cache only between requests with the same salt (none: the "
+        "unsalted ones): one tenant's requests cannot find another's prompt cached.",
+        type=["string", "null"], minLength=1, maxLength=256,
+    )] = msgspec.UNSET
 
 
 class ClassifyData(msgspec.Struct, frozen=True, kw_only=True):
@@ -164,6 +179,11 @@ class RerankRequest(msgspec.Struct, frozen=True, kw_only=True):
     )] = msgspec.UNSET
     model: Annotated[msgspec.Raw, _doc(
         "A reranker's id (GET /v1/models); omitted or null: the first one.", type=["string", "null"],
+    )] = msgspec.UNSET
+    cache_salt: Annotated[msgspec.Raw, _doc(
+        "Prefixes are shared through the prefix cache only between requests with the same salt (none: the "
+        "unsalted ones): one tenant's requests cannot find another's prompt cached.",
+        type=["string", "null"], minLength=1, maxLength=256,
     )] = msgspec.UNSET
 
 
@@ -212,6 +232,11 @@ class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     model: Annotated[msgspec.Raw, _doc(
         "The served model's id (GET /v1/models); omitted or null: the served model.", type=["string", "null"],
     )] = msgspec.UNSET
+    cache_salt: Annotated[msgspec.Raw, _doc(
+        "Prefixes are shared through the prefix cache only between requests with the same salt (none: the "
+        "unsalted ones): one tenant's requests cannot find another's prompt cached.",
+        type=["string", "null"], minLength=1, maxLength=256,
+    )] = msgspec.UNSET
 
 
 class CompletionLogprobs(msgspec.Struct, frozen=True, kw_only=True):
@@ -254,6 +279,7 @@ class RerankResult(msgspec.Struct, frozen=True, kw_only=True):
 class RerankUsage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int  # every query-document pair's tokens, template included
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
 
 
 class RerankResponse(msgspec.Struct, frozen=True, kw_only=True):

@@ -3,9 +3,9 @@
 Order: query (missing, type, empty, token range), items (missing, type, empty, mixed modes, token range),
 label_token_ids (missing, type, empty, non-integer, a label of no token or too many, negative, beyond vocab) or
 labels (both: conflicting; type, empty, text mode only), apply_softmax, item_first, label_normalization,
-return_token_logprobs, model; then too_many_items, too_many_labels, labels' tokenization (empty, too long), and after
-the items' tokenization empty_sequence, context_length_exceeded, too_many_tokens. A JSON null counts as the field
-being absent.
+return_token_logprobs, model, cache_salt; then too_many_items, too_many_labels, labels' tokenization (empty, too
+long), and after the items' tokenization empty_sequence, context_length_exceeded, too_many_tokens. A JSON null
+counts as the field being absent.
 
 A label is a token ID (today's one-token labels: their next-token log-probability) or several tokens (a list of IDs,
 or `labels` as text): its log-probability is the sum of its tokens', each after the item and the label's tokens
@@ -23,8 +23,8 @@ import numpy as np
 
 from handler import schemas
 from handler.errors import ERRORS
-from handler.http import Scoring, label_values, submit_labels
-from handler.validation import (INVALID, check_count, check_sequence, check_token_range, check_total_tokens,
+from handler.http import Scoring, cached, label_values, submit_labels
+from handler.validation import (INVALID, cache_salt, check_count, check_sequence, check_token_range, check_total_tokens,
                                 decode_field, fits_int64, is_given, optional, require_language_model, required,
                                 served_model)
 from runtime.interface import ScoreResult, ScoringEngine
@@ -43,6 +43,7 @@ class ScoreJob:
     adapter: str | None = None  # the LoRA adapter `model` names (None: the base model)
     normalization: str = "sum"  # sum | mean
     token_logprobs: bool = False  # return each label's tokens' log-probabilities
+    cache_salt: str | None = None  # the prefix cache's (runtime.requests.prefix_cache)
 
 
 def validate_score_request(request: schemas.ScoreRequest, engine: ScoringEngine, settings: Settings) -> ScoreJob:
@@ -59,6 +60,7 @@ def validate_score_request(request: schemas.ScoreRequest, engine: ScoringEngine,
         raise ERRORS.invalid_label_normalization(choices=list(NORMALIZATIONS), value=normalization)
     token_logprobs = optional(request.return_token_logprobs, bool, ERRORS.invalid_return_token_logprobs_type, False)
     model, adapter = served_model(request.model, engine)
+    salt = cache_salt(request.cache_salt)
 
     check_count(len(items), settings.max_items, "items")
     # The one check of a request's label count: SCOREFN_MAX_LABELS is the largest label bucket the runtime compiles
@@ -69,7 +71,8 @@ def validate_score_request(request: schemas.ScoreRequest, engine: ScoringEngine,
         label_ids = [_text_label(text, index, engine, settings.max_label_tokens) for index, text in enumerate(texts)]
     sequences = _sequences(query, items, item_first, engine)
     n_tokens = check_total_tokens(sequences, settings.max_total_tokens, "sequences", "items")
-    return ScoreJob(sequences, label_ids, apply_softmax, model, n_tokens, adapter, normalization, token_logprobs)
+    return ScoreJob(sequences, label_ids, apply_softmax, model, n_tokens, adapter, normalization, token_logprobs,
+                    salt)
 
 
 NORMALIZATIONS = ("sum", "mean")
@@ -87,7 +90,9 @@ def score_response(job: ScoreJob, result: ScoreResult, engine: ScoringEngine) ->
         tokens = [[np.asarray(label, np.float64).tolist() for label in row] for row in per_token]
     return schemas.ScoreResponse(
         id=f"score-{uuid.uuid4().hex}", created=int(time.time()), model=job.model, scores=scores.tolist(),
-        usage=schemas.Usage(prompt_tokens=job.n_tokens, total_tokens=job.n_tokens), token_logprobs=tokens)
+        usage=schemas.Usage(prompt_tokens=job.n_tokens, total_tokens=job.n_tokens,
+                            prompt_tokens_details=cached(result)),
+        token_logprobs=tokens)
 
 
 SCORE = Scoring(schemas.SCORE_REQUEST_DECODER, validate_score_request, submit_labels, score_response)

@@ -181,6 +181,18 @@ def decode_inputs(raw: msgspec.Raw, field: InputsField, vocab_size: int,
     return inputs, is_list
 
 
+MAX_CACHE_SALT_CHARS = 256
+
+
+def cache_salt(raw: msgspec.Raw) -> str | None:
+    """`cache_salt` (vLLM's name): absent or null, or a non-empty string of at most MAX_CACHE_SALT_CHARS; requests
+    share cached prefixes only with the same salt (runtime.requests.prefix_cache)."""
+    salt = optional(raw, str, ERRORS.invalid_cache_salt_type, None)
+    if salt is not None and not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
+        raise ERRORS.invalid_cache_salt(limit=MAX_CACHE_SALT_CHARS, length=f"{len(salt)} characters")
+    return salt
+
+
 def served_model(raw: msgspec.Raw, engine: ScoringEngine) -> tuple[str, str | None]:
     """`model`: absent, null or the served model's id (the base model), or a LoRA adapter's name; anything else is
     model_not_found. Returns (the name answered as `model`, the adapter or None)."""

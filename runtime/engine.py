@@ -9,6 +9,7 @@ round's requests. Implements runtime.interface.ScoringEngine.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
@@ -206,16 +207,18 @@ class Engine:
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def submit(self, sequences, label_ids, deadline: float | None = None,
-               request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future:
+    def submit(self, sequences, label_ids, deadline: float | None = None, request_id: str | None = None,
+               adapter: str | None = None, cache_salt: str | None = None) -> concurrent.futures.Future:
         if any(not isinstance(label, int) for label in label_ids):  # labels of several tokens: a row per label
             labels = [(label,) if isinstance(label, int) else tuple(label) for label in label_ids]
-            return self._enqueue(label_rows(sequences, labels, self._slot(adapter)), deadline, request_id)
+            job = dataclasses.replace(label_rows(sequences, labels, self._slot(adapter)), cache_salt=cache_salt)
+            return self._enqueue(job, deadline, request_id)
         own_head = adapter in adapter_heads(self.classifiers)
-        return self._enqueue(Job(sequences, label_ids, self._slot(adapter), head=own_head), deadline, request_id)
+        return self._enqueue(Job(sequences, label_ids, self._slot(adapter), head=own_head, cache_salt=cache_salt),
+                             deadline, request_id)
 
-    def submit_logprobs(self, sequences, sampling, deadline: float | None = None,
-                        request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future:
+    def submit_logprobs(self, sequences, sampling, deadline: float | None = None, request_id: str | None = None,
+                        adapter: str | None = None, cache_salt: str | None = None) -> concurrent.futures.Future:
         if self.task != "causal_lm" or adapter in adapter_heads(self.classifiers):
             raise ValueError(f"{adapter or self.model_id} is a classifier: it has no per-token log-probabilities")
         return self._enqueue(TokenJob(sequences, sampling, self._slot(adapter)), deadline, request_id)

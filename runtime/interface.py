@@ -34,6 +34,7 @@ class ScoreResult:
     # Labels given as token lists: each one's tokens' log-probabilities [n_sequences][n_labels] (float32 arrays),
     # whose sum (in float64) is its logprobs entry. None for labels of one token ID each.
     token_logprobs: list[list[np.ndarray]] | None = None
+    cached_tokens: int = 0  # of the sequences' tokens, those whose keys and values the prefix cache held
 
 
 MAX_TOP_LOGPROBS = 20  # the most alternatives per position one can ask for (OpenAI's limit); always computed
@@ -63,6 +64,7 @@ class TokenLogprobsResult:
     queue_seconds: float
     device_seconds: float
     predicted: Prediction | None = None
+    cached_tokens: int = 0  # per-position log-probabilities are computed in full today (docs: the prefix cache)
 
 
 class EngineError(Exception):
@@ -119,7 +121,8 @@ class ScoringEngine(Protocol):
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def submit(self, sequences: list[list[int]], label_ids: list[int] | list[list[int]], deadline: float | None = None,
-               request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future[ScoreResult]:
+               request_id: str | None = None, adapter: str | None = None, cache_salt: str | None = None
+               ) -> concurrent.futures.Future[ScoreResult]:
         """Queue sequences for scoring; raises QueueFull at once when the engine refuses more work (the request's
         predicted wait for the device is over SCOREFN_MAX_WAIT_S, or the queue is full). A label is a token ID, or
         a list of token IDs (a label of several tokens, at most SCOREFN_MAX_LABEL_TOKENS: its log-probability is the
@@ -129,11 +132,12 @@ class ScoringEngine(Protocol):
         `deadline` is a time.monotonic() value after which the work is dropped (DeadlineExceeded).
         `request_id` names the request in the engine's logs (e.g. when its device batch fails).
         `adapter`: the LoRA adapter to score with, one of `adapters` (None: the base model).
+        `cache_salt`: cached prefixes are shared only between requests with the same salt (None: the unsalted).
         Every sequence is non-empty and no longer than max_sequence_length; every ID is in range.
         """
 
     def submit_logprobs(self, sequences: list[list[int]], sampling: list[Sampling], deadline: float | None = None,
-                        request_id: str | None = None, adapter: str | None = None
+                        request_id: str | None = None, adapter: str | None = None, cache_salt: str | None = None
                         ) -> concurrent.futures.Future[TokenLogprobsResult]:
         """Queue sequences for per-position log-probabilities (one Sampling per sequence); as submit() otherwise.
         Only a causal LM (task "causal_lm") computes them."""

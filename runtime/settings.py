@@ -136,6 +136,11 @@ SETTINGS: tuple[Setting, ...] = (
             "finds none of its buckets stored (a first start on a CPU compiles for minutes), all otherwise."),
     Setting("prefix_sharing", "true", _bool,
             "Compute a request's longest common token prefix once and score items against its keys/values."),
+    Setting("prefix_cache_bytes", "auto", _auto(int),
+            "Bytes of prefixes' keys and values kept across requests (the prefix cache: a prompt that requests "
+            "repeat is computed once; least recently used evicted). 0: no cache. auto: an eighth of the host's "
+            "available memory at start-up on a CPU, at most 4 GiB; a quarter of the device's free memory on a GPU "
+            "or TPU."),
     Setting("batch_wait_ms", "2", float,
             "How long the device thread waits to coalesce concurrent requests into one device batch."),
     Setting("max_items", "1024", int, "Most items in one /v1/score request (400 too_many_items beyond)."),
@@ -211,6 +216,7 @@ class Settings:
     batch_invariant: str  # auto | true | false
     ready: str  # auto | all | first
     prefix_sharing: bool
+    prefix_cache_bytes: int | None  # None: auto (runtime.assembly.compose.prefix_cache)
     batch_wait_ms: float
     max_items: int
     max_labels: int

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -25,6 +26,7 @@ from runtime.model.transformer import Transformer
 from runtime.assembly import platform as platforms
 from runtime.shapes.buckets import BucketPlan
 from runtime.assembly.executables import Executables
+from runtime.requests.prefix_cache import PrefixCache
 from runtime.requests.scorer import Scorer
 from runtime.assembly.sharding import build_mesh_layout, parse_mesh
 from runtime.assembly.store import ExecutableStore
@@ -97,7 +99,25 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
             built = model()
     exe = Executables(built, shardings=mesh, lazy=lazy, store=store, device=devices[0],
                       cpu_class=platform.cpu.feature_class if platform.cpu else None)
-    return Scorer(plan, exe, platform.concurrent_batches), platform
+    cache = prefix_cache(settings.prefix_cache_bytes, devices[0]) if plan.prefix_sharing and arrays is not None \
+        else None
+    return Scorer(plan, exe, platform.concurrent_batches, cache), platform
+
+
+CPU_CACHE_SHARE, CPU_CACHE_MAX, DEVICE_CACHE_SHARE = 1 / 8, 4 << 30, 1 / 4
+
+
+def prefix_cache(setting: int | None, device: Any) -> PrefixCache | None:
+    """SCOREFN_PREFIX_CACHE_BYTES' cache (None when 0); auto: a share of the memory the model runs in that is free
+    now (the weights are placed: the executables' working memory is what the share leaves)."""
+    if setting is None:
+        stats = device.memory_stats() if device.platform != "cpu" else None
+        if stats and "bytes_limit" in stats:
+            setting = int((stats["bytes_limit"] - stats.get("bytes_in_use", 0)) * DEVICE_CACHE_SHARE)
+        else:
+            setting = int(min(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * CPU_CACHE_SHARE,
+                              CPU_CACHE_MAX))
+    return PrefixCache(setting) if setting > 0 else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from runtime.requests.jobs import Job, TokenJob, shared_prefix_length
+from runtime.requests.jobs import Job, TokenJob, plan_context
 from runtime.shapes.buckets import BucketPlan, fit
 from runtime.shapes.layout import DeviceBatch
 
@@ -69,17 +69,20 @@ class Work:
 
 
 def plan_work(plan: BucketPlan, jobs: Sequence[Job | TokenJob], rope_length_limit: int | None = None,
-              marginal: bool = False) -> Work:
+              marginal: bool = False, cached: Callable[[Job, int], int] | None = None) -> Work:
     """The device work the scorer plans for these requests: device batches and padded tokens per kind (admission and
     the service-time estimate count in it). `marginal`: rows that share device batches with other requests' rows
-    (full, completion) pay their share of a full batch, as on a busy device, not a batch of their own."""
+    (full, completion) pay their share of a full batch, as on a busy device, not a batch of their own. `cached`: the
+    prefix cache's hits (runtime.requests.jobs.plan_context): a cached context is not computed."""
     work, full_rows, token_rows = Work(), [], []
     for job in jobs:
+        context = plan_context(plan, job, rope_length_limit, cached)
         if isinstance(job, TokenJob):
             token_rows += map(len, job.sequences)
-        elif shared := shared_prefix_length(plan, job, rope_length_limit):
-            rests = sorted((len(seq) - shared for seq in job.sequences), reverse=True)
-            work += Work(batches=1, context=fit(plan.contexts(), shared))
+        elif context.length:
+            rests = sorted((len(seq) - context.length for seq in job.sequences), reverse=True)
+            if not context.cached:
+                work += Work(batches=1, context=fit(plan.contexts(), context.length))
             work += Work.of("continuation", plan.split_suffixes(rests))
         else:
             full_rows += map(len, job.sequences)
@@ -92,13 +95,15 @@ def plan_work(plan: BucketPlan, jobs: Sequence[Job | TokenJob], rope_length_limi
     return work
 
 
-def shared_slice_rows(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: int | None = None) -> int:
+def shared_slice_rows(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: int | None = None,
+                      cached: Callable[[Job, int], int] | None = None) -> int:
     """The fewest of a request's rows worth computing in one slice of it: with a shared prefix, the items of its
     first device batch after the prefix (fewer would pad that batch, or score in full: the prefix is then not worth
     sharing); otherwise 1 (rows of a slice share device batches with other requests' rows)."""
-    if isinstance(job, TokenJob) or not (shared := shared_prefix_length(plan, job, rope_length_limit)):
+    context = plan_context(plan, job, rope_length_limit, cached)
+    if not context.length or len(job.sequences) < 2:
         return 1
-    return len(plan.split_suffixes([len(seq) - shared for seq in job.sequences])[0].members)
+    return len(plan.split_suffixes([len(seq) - context.length for seq in job.sequences])[0].members)
 
 
 class ServiceModel:

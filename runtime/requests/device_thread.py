@@ -109,8 +109,10 @@ class DeviceThread:
                                              for sequence in piece.entry.job.sequences[piece.start:piece.stop])
         self.counters["round_padded_tokens"] += round.work.tokens
         self.counters["device_seconds"] += seconds
-        for piece, result in zip(round.slices, results):
+        cached = getattr(round.dispatched, "cached_tokens", None) or [0] * len(round.slices)  # a stub's has none
+        for piece, result, held in zip(round.slices, results, cached):
             entry = piece.entry
+            entry.cached_tokens += held
             if entry.future.done():  # failed in another round, or cancelled by the drain
                 continue
             if not _finite(result):
@@ -135,10 +137,11 @@ def _result(entry: Entry) -> ScoreResult | TokenLogprobsResult:
     predicted = Prediction(entry.admission.wait_s, entry.admission.own_s) if entry.admission else None
     if isinstance(parts[0], np.ndarray):
         values = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        if entry.job.targets is not None:  # label_rows: each label's tokens, summed
+        if entry.job.targets is not None:  # label_rows: each label's tokens, summed; a sequence's rows hold it once
             sums, tokens = label_scores(values, entry.job.label_ids)
-            return ScoreResult(sums, queued, entry.device_s, predicted, tokens)
-        return ScoreResult(values, queued, entry.device_s, predicted)
+            cached = entry.cached_tokens // max(len(entry.job.label_ids), 1)
+            return ScoreResult(sums, queued, entry.device_s, predicted, tokens, cached)
+        return ScoreResult(values, queued, entry.device_s, predicted, cached_tokens=entry.cached_tokens)
     return TokenLogprobsResult([sequence for part in parts for sequence in part], queued, entry.device_s, predicted)
 
 

@@ -5,11 +5,12 @@ and the scorer share it."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from runtime.interface import Sampling
+from runtime.requests.prefix_cache import BLOCK, MIN_TOKENS
 from runtime.shapes.buckets import BucketPlan, fit
 
 
@@ -26,6 +27,7 @@ class Job:
     # The adapter's own classification head instead of the vocabulary head: raw logits of its labels 0 .. n-1
     head: bool = False
     targets: Sequence[Sequence[int]] | None = None  # per sequence: the label tokens its last positions predict
+    cache_salt: str | None = None  # prefixes are shared through the prefix cache only with the same salt
 
 
 def label_rows(sequences: Sequence[Sequence[int]], labels: Sequence[Sequence[int]], adapter: int = 0) -> Job:
@@ -64,33 +66,85 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     return length
 
 
+def first_read(job: Job) -> int:
+    """The first position any of a job's rows reads (its last, or the first of its label's tail): what comes before
+    it may be a shared context, whose positions give keys and values, not outputs."""
+    reads = job.targets or [()] * len(job.sequences)
+    return max(min(len(seq) - max(len(read), 1) for seq, read in zip(job.sequences, reads)), 0)
+
+
 def shareable_prefix(job: Job) -> int:
     """The most leading tokens of a request's rows one shared context may compute: their common prefix, short of
-    the first position any row reads (its last, or the first of its label's tail), which must lie in the row's own
-    suffix: the context's positions give keys and values, not outputs."""
+    the first position any row reads."""
     if len(job.sequences) < 2:
         return 0
-    reads = job.targets or [()] * len(job.sequences)
-    first_read = min(len(seq) - max(len(read), 1) for seq, read in zip(job.sequences, reads))
-    return max(min(common_prefix_length(job.sequences), first_read), 0)
+    return min(common_prefix_length(job.sequences), first_read(job))
+
+
+def _cascade_cost(plan: BucketPlan, job: Job, shared: int) -> int:
+    """Padded tokens plus the plan's price of each device batch, of a job's rows after `shared` tokens (the context
+    itself not counted)."""
+    rests = sorted((len(s) - shared for s in job.sequences), reverse=True)
+    return sum(b.padded_tokens + plan.batch_overhead_tokens for b in plan.split_suffixes(rests))
+
+
+def _full_cost(plan: BucketPlan, job: Job) -> int:
+    return sum(b.padded_tokens + plan.batch_overhead_tokens for b in plan.split_full([len(s) for s in job.sequences]))
+
+
+def _can_cascade(plan: BucketPlan, job: Job, shared: int, rope_length_limit: int | None) -> bool:
+    """Whether a context of `shared` tokens fits a context bucket and every row's rest an item bucket. Longer sequences
+    than `rope_length_limit` change their RoPE frequencies (dynamic, longrope), so a context's keys would differ from
+    each row's own: such requests are scored in full."""
+    contexts = plan.contexts()
+    return bool(shared > 0 and contexts and shared <= contexts[-1]
+                and max(len(s) for s in job.sequences) - shared <= plan.max_suffix
+                and (rope_length_limit is None or max(map(len, job.sequences)) <= rope_length_limit))
 
 
 def shared_prefix_length(plan: BucketPlan, job: Job, rope_length_limit: int | None) -> int:
     """Tokens of a request's shareable prefix to compute once, or 0 when scoring its rows in full costs less: fewer
-    padded tokens plus the plan's price of a device batch for each. Longer sequences than `rope_length_limit` change
-    their RoPE frequencies (dynamic, longrope), so the context's keys would differ from each item's own: such
-    requests are scored in full."""
-    sequences = job.sequences
-    if not plan.prefix_sharing or len(sequences) < 2:
-        return 0
-    if rope_length_limit is not None and max(map(len, sequences)) > rope_length_limit:
+    padded tokens plus the plan's price of a device batch for each."""
+    if not plan.prefix_sharing or len(job.sequences) < 2:
         return 0
     shared = shareable_prefix(job)
-    rests = sorted((len(s) - shared for s in sequences), reverse=True)
-    contexts = plan.contexts()
-    if shared == 0 or rests[0] > plan.max_suffix or not contexts or shared > contexts[-1]:
+    if not _can_cascade(plan, job, shared, rope_length_limit):
         return 0
-    overhead = plan.batch_overhead_tokens
-    shared_cost = fit(contexts, shared) + overhead + sum(b.padded_tokens + overhead for b in plan.split_suffixes(rests))
-    full_cost = sum(b.padded_tokens + overhead for b in plan.split_full([len(s) for s in sequences]))
-    return shared if shared_cost < full_cost else 0
+    shared_cost = fit(plan.contexts(), shared) + plan.batch_overhead_tokens + _cascade_cost(plan, job, shared)
+    return shared if shared_cost < _full_cost(plan, job) else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """How a job's rows are scored: after a context of `length` leading tokens (0: in full), taken from the prefix
+    cache (`cached`) or computed (and then kept when `keep`)."""
+    length: int = 0
+    cached: bool = False
+    keep: bool = False
+
+
+def plan_context(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: int | None,
+                 cached: Callable[[Job, int], int] | None = None) -> Context:
+    """The cheapest way to score a job's rows (padded tokens plus a device batch's price): in full, after its shared
+    prefix computed once, or, with a prefix cache (`cached(job, limit)`: how many of its first `limit` tokens it
+    holds), after its cached leading tokens. A job scored in full whose leading MIN_TOKENS or more (whole blocks,
+    up to its first read) could be cached computes them apart instead, so that the next request finds them."""
+    if isinstance(job, TokenJob):
+        return Context()
+    shared = shared_prefix_length(plan, job, rope_length_limit)
+    if cached is None or not plan.prefix_sharing:
+        return Context(shared, keep=False)
+    limit = shareable_prefix(job) if len(job.sequences) > 1 else first_read(job)
+    hit = cached(job, limit)
+    options = []  # the cheapest first, a hit first among equals (it computes no more)
+    if hit and _can_cascade(plan, job, hit, rope_length_limit):
+        options.append((_cascade_cost(plan, job, hit), Context(hit, cached=True)))
+    options.append((_full_cost(plan, job), Context()))
+    if shared:
+        options.append((fit(plan.contexts(), shared) + plan.batch_overhead_tokens + _cascade_cost(plan, job, shared),
+                        Context(shared, keep=True)))
+    best = min(options, key=lambda option: option[0])[1]
+    aligned = limit // BLOCK * BLOCK
+    if best.length == 0 and aligned >= MIN_TOKENS and _can_cascade(plan, job, aligned, rope_length_limit):
+        return Context(aligned, keep=True)
+    return best

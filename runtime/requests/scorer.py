@@ -22,8 +22,9 @@ import numpy as np
 
 from runtime.interface import Sampling, TokenLogprobs
 from runtime.requests.cost import Work, plan_work, shared_slice_rows
-from runtime.requests.jobs import Job, TokenJob, shared_prefix_length
+from runtime.requests.jobs import Context, Job, TokenJob, plan_context
 from runtime.requests.launch import Entries, Launched, Launcher, Run
+from runtime.requests.prefix_cache import PrefixCache
 from runtime.requests.rounds import RoundScorer
 from runtime.shapes.buckets import BucketPlan, SequenceTooLong, fit
 from runtime.shapes.layout import DeviceBatch
@@ -44,6 +45,7 @@ class Dispatched:
     each answers."""
     jobs: Sequence[Job | TokenJob]
     launched: list[Launched]
+    cached_tokens: list[int] = dataclasses.field(default_factory=list)  # per job: its rows' tokens the cache held
 
     @property
     def buckets(self) -> list[str]:
@@ -63,9 +65,12 @@ class Programs(Protocol):
 
 
 class Scorer(RoundScorer):
-    def __init__(self, plan: BucketPlan, executables: Programs, concurrent_batches: int = 1):
-        """`concurrent_batches`: device batches run at once (the platform's: runtime.requests.launch)."""
+    def __init__(self, plan: BucketPlan, executables: Programs, concurrent_batches: int = 1,
+                 prefix_cache: PrefixCache | None = None):
+        """`concurrent_batches`: device batches run at once (the platform's: runtime.requests.launch);
+        `prefix_cache`: contexts kept across requests (runtime.requests.prefix_cache), None: none."""
         self.plan = plan
+        self.prefix_cache = prefix_cache
         self.exe = executables
         # Through self.exe as it is when a batch runs: a caller may wrap it (tests record the programs run).
         self.launcher = Launcher(lambda *call: self.exe(*call), concurrent_batches)
@@ -108,11 +113,22 @@ class Scorer(RoundScorer):
 
     def cost(self, jobs: Sequence[Job | TokenJob], marginal: bool = False) -> Work:
         """The device work dispatch(jobs) plans (runtime.requests.cost.plan_work)."""
-        return plan_work(self.plan, jobs, self.rope_length_limit, marginal)
+        return plan_work(self.plan, jobs, self.rope_length_limit, marginal, self._cached)
 
     def slice_rows(self, job: Job | TokenJob) -> int:
         """The fewest rows of a request worth computing in one slice (runtime.requests.cost.shared_slice_rows)."""
-        return shared_slice_rows(self.plan, job, self.rope_length_limit)
+        return shared_slice_rows(self.plan, job, self.rope_length_limit, self._cached)
+
+    @property
+    def _cached(self):
+        """How many of a job's first `limit` tokens the prefix cache holds (plan_context's `cached`), or None."""
+        cache = self.prefix_cache
+        if cache is None:
+            return None
+        return lambda job, limit: cache.peek(job.sequences[0], limit, job.adapter, job.cache_salt)
+
+    def _context(self, job: Job | TokenJob) -> Context:
+        return plan_context(self.plan, job, self.rope_length_limit, self._cached)
 
     def dispatch(self, jobs: Sequence[Job | TokenJob]) -> Dispatched:
         """Check, plan and launch every device batch of these requests; nothing waits for the device."""
@@ -123,23 +139,28 @@ class Scorer(RoundScorer):
         launched: list[Launched] = []
         full_rows: list[Row] = []
         token_rows: list[Row] = []
+        cached_tokens = [0] * len(jobs)
         for j, job in enumerate(jobs):
             targets = getattr(job, "targets", None) or [None] * len(job.sequences)
             rows = [Row(j, i, seq, target) for i, (seq, target) in enumerate(zip(job.sequences, targets))]
             if isinstance(job, TokenJob):
                 token_rows += rows
-            elif shared := shared_prefix_length(self.plan, job, self.rope_length_limit):
-                launched += self._dispatch_after_prefix(rows, jobs, shared)
+            elif (context := self._context(job)).length:
+                batches, cached = self._dispatch_after_prefix(rows, jobs, context)
+                launched += batches
+                cached_tokens[j] = cached * len(rows)
             else:
                 full_rows += rows
         launched += self._dispatch_full(full_rows, jobs)
         launched += self._dispatch_tokens(token_rows, jobs)
-        return Dispatched(jobs, launched)
+        return Dispatched(jobs, launched, cached_tokens)
 
     def counters(self) -> dict[str, int]:
-        """Programs compiled since the start (requests never compile), and the device batches and rows run."""
+        """Programs compiled since the start (requests never compile), the device batches and rows run, and the prefix
+        cache's counts (runtime.requests.prefix_cache) when there is one."""
+        cache = self.prefix_cache.stats() if self.prefix_cache is not None else {}
         return {"compiles": self.exe.compiles, "backend_compiles": self.exe.backend_compiles(),
-                "device_batches": self.device_batches, "device_batch_sequences": self.device_rows}
+                "device_batches": self.device_batches, "device_batch_sequences": self.device_rows, **cache}
 
     def collect(self, dispatched: Dispatched) -> list:
         """Wait for a dispatched round and fetch all its outputs in one transfer: per job, [n_sequences, n_labels]
@@ -183,32 +204,43 @@ class Scorer(RoundScorer):
             self._count(batch)
         return out
 
-    def _dispatch_after_prefix(self, rows: list[Row], jobs: Sequence[Job], shared: int) -> list[Launched]:
-        """One request's items after its shared prefix of `shared` tokens: the prefix's keys and values once, then
-        the items' device batches attending them. The prefix's keys and values are its adapter's: one request, one
-        adapter."""
-        adapter = jobs[rows[0].job].adapter
-        context = fit(self.plan.contexts(), shared)
-        prefix = np.zeros((1, context), np.int32)
-        prefix[0, :shared] = rows[0].tokens[:shared]
-        context_kv = []
+    def _dispatch_after_prefix(self, rows: list[Row], jobs: Sequence[Job], context: Context
+                               ) -> tuple[list[Launched], int]:
+        """One request's items after its context of `context.length` leading tokens: the context's keys and values
+        from the prefix cache, or computed once (and kept, when the context says so), then the items' device batches
+        attending them. The context's keys and values are its adapter's: one request, one adapter. Returns the
+        launched batches and the tokens of each row the cache held."""
+        job, shared = jobs[rows[0].job], context.length
+        hit = self.prefix_cache.lookup(rows[0].tokens, shared, job.adapter, job.cache_salt) \
+            if context.cached and self.prefix_cache is not None else None
+        out: list[Launched] = []
+        if hit is not None and hit.length == shared:  # else evicted since it was planned: computed again
+            context_kv, bucket = list(hit.kv), hit.context
+        else:
+            hit, bucket, context_kv = None, fit(self.plan.contexts(), shared), []
+            prefix = np.zeros((1, bucket), np.int32)
+            prefix[0, :shared] = rows[0].tokens[:shared]
+            keep = self.prefix_cache if (context.keep or context.cached) else None
+            tokens = list(rows[0].tokens[:shared])
 
-        def prefill(run: Run) -> Entries:
-            context_kv.extend(run("prefill_context", (context,), prefix, np.full((1,), adapter, np.int32)))
-            return []
-        out = [self.launcher.launch(prefill, now=True)]  # the batches after it read its keys and values
+            def prefill(run: Run) -> Entries:
+                context_kv.extend(run("prefill_context", (bucket,), prefix, np.full((1,), job.adapter, np.int32)))
+                if keep is not None:
+                    keep.insert(tokens, shared, tuple(context_kv), bucket, job.adapter, job.cache_salt)
+                return []
+            out.append(self.launcher.launch(prefill, now=True))  # the batches after it read its keys and values
         program = self.plan.layout.continuation_program.name
         items = [row.tokens[shared:] for row in rows]
         for batch in self.plan.split_suffixes([len(s) for s in items]):
-            arrays = self._with_targets(batch, batch.arrays(items, [adapter] * len(items), start=shared), rows)
+            arrays = self._with_targets(batch, batch.arrays(items, [job.adapter] * len(items), start=shared), rows)
 
             def forward_and_heads(run: Run, batch=batch, arrays=arrays) -> Entries:
-                outputs = run(program, (context, *batch.bucket), *context_kv, np.int32(shared), *arrays)
+                outputs = run(program, (bucket, *batch.bucket), *context_kv, np.int32(shared), *arrays)
                 return self._read(run, *outputs, batch, rows, jobs)
             out.append(self.launcher.launch(forward_and_heads, after=context_kv))
             self.prefix_batches += 1
             self._count(batch)
-        return out
+        return out, (shared if hit is not None else 0)
 
     def _count(self, batch: DeviceBatch) -> None:
         self.device_batches += 1

@@ -36,6 +36,7 @@ class Entry:
     parts: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (first row, a slice's result)
     rows_done: int = 0
     device_s: float = 0.0  # seconds of the rounds that carried its slices
+    cached_tokens: int = 0  # of its rows' tokens, those the prefix cache held (the scorer's Dispatched says)
     trace: Any = None  # its spans while tracing is on (runtime.requests.spans.RequestTrace)
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import uuid
 
 import httpx
 import numpy as np
@@ -42,11 +43,28 @@ def test_response_shape_usage_and_timing_headers(server):
     response = score(server, query="The capital of France is", items=["", " Paris"], label_token_ids=[PARIS])
     body = response.json()
     assert body["object"] == "scoring" and body["id"].startswith("score-") and body["model"]
-    assert body["usage"] == {"prompt_tokens": 5 + 6, "completion_tokens": 0, "total_tokens": 11}
+    assert body["usage"] == {"prompt_tokens": 5 + 6, "completion_tokens": 0, "total_tokens": 11,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     for header in ("x-request-id", "x-queue-time", "x-device-time", "x-total-time"):
         assert header in response.headers
     assert scores(server, query="The capital of France is", items=[""], label_token_ids=[PARIS])[0][0] == \
         pytest.approx(-0.258, abs=1e-3)
+
+
+def test_a_repeated_query_is_read_from_the_prefix_cache_with_the_same_bits(server):
+    """The same query and items twice: the second reads the query's keys and values from the prefix cache
+    (runtime.requests.prefix_cache) and gives the same bits; another cache_salt shares nothing."""
+    salt = uuid.uuid4().hex
+    query = "Which of these is the capital city of France? Answer:"
+    body = dict(query=query, items=[f" {city}" for city in ("Paris", "Lyon", "Nice", "Lille", "Metz", "Brest", "Caen",
+                                                            "Dijon", "Tours", "Reims")],
+                label_token_ids=[PARIS, LONDON], cache_salt=salt)
+    first, second = (score(server, **body).json() for _ in range(2))
+    other = score(server, **{**body, "cache_salt": salt + "-other"}).json()
+    query_tokens = len(httpx.post(server.url + "/v1/tokenize", json={"text": query}).json()["tokens"])
+    held = [reply["usage"]["prompt_tokens_details"]["cached_tokens"] for reply in (first, second, other)]
+    assert held == [0, query_tokens * len(body["items"]), 0]
+    assert first["scores"] == second["scores"] == other["scores"]
 
 
 def test_token_mode_equals_text_mode(server):

@@ -45,6 +45,7 @@ class FakeEngine:
         self.submissions: list[tuple[list[list[int]], list[int], float | None]] = []
         self.request_ids: list[str | None] = []  # submit()'s request_id, one per submission
         self.adapters_used: list[str | None] = []  # the LoRA adapter of each submission
+        self.salts_used: list[str | None] = []  # the cache_salt of each submission
         self.raise_on_submit: BaseException | None = None  # raised by submit() itself (e.g. QueueFull)
         self.fail_with: BaseException | None = None  # set as the future's exception
         self.hold = False  # leave futures pending in self.held
@@ -67,8 +68,10 @@ class FakeEngine:
         return [BOS, *ids] if add_special_tokens else ids
 
     def submit(self, sequences: list[list[int]], label_ids: list[int], deadline: float | None = None,
-               request_id: str | None = None, adapter: str | None = None) -> concurrent.futures.Future[ScoreResult]:
+               request_id: str | None = None, adapter: str | None = None, cache_salt: str | None = None
+               ) -> concurrent.futures.Future[ScoreResult]:
         self.adapters_used.append(adapter)
+        self.salts_used.append(cache_salt)
         return self._answer(sequences, label_ids, deadline, request_id, lambda: self.compute(sequences, label_ids))
 
     @staticmethod
@@ -85,10 +88,11 @@ class FakeEngine:
         return ScoreResult(sums, 0.25, 0.5, token_logprobs=tokens)
 
     def submit_logprobs(self, sequences: list[list[int]], sampling: list, deadline: float | None = None,
-                        request_id: str | None = None, adapter: str | None = None
+                        request_id: str | None = None, adapter: str | None = None, cache_salt: str | None = None
                         ) -> concurrent.futures.Future[TokenLogprobsResult]:
         self.sampling = list(sampling)
         self.adapters_used.append(adapter)
+        self.salts_used.append(cache_salt)
         return self._answer(sequences, [], deadline, request_id, lambda: TokenLogprobsResult(
             [token_logprobs(s, how) for s, how in zip(sequences, sampling)], queue_seconds=0.25, device_seconds=0.5))
 

@@ -48,7 +48,8 @@ def test_response_has_vllms_shape(client: Client, engine: FakeEngine) -> None:
     assert entry["index"] == 0 and entry["label"] == "positive" and entry["num_classes"] == 2
     assert entry["probs"] == pytest.approx([P_POSITIVE, 1 - P_POSITIVE], abs=1e-7)
     n = len(sentiment_prompt(TEXT))
-    assert body["usage"] == {"prompt_tokens": n, "completion_tokens": 0, "total_tokens": n}
+    assert body["usage"] == {"prompt_tokens": n, "completion_tokens": 0, "total_tokens": n,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     assert engine.submissions[-1][:2] == ([sentiment_prompt(TEXT)], [7, 10])  # template rendered, verbalizer IDs
     assert {"x-request-id", "x-queue-time", "x-device-time", "x-total-time"} <= set(reply.headers)
 
@@ -258,7 +259,7 @@ def test_openapi_documents_classify() -> None:
     request = operation["requestBody"]["content"]["application/json"]["schema"]
     assert request["required"] == ["input"]
     assert set(request["properties"]) == {"input", "model", "truncate_prompt_tokens", "use_activation", "user", "rid",
-                                          "priority"}
+                                          "priority", "cache_salt"}
     assert len(request["properties"]["input"]["anyOf"]) == 4
     ok = operation["responses"]["200"]["content"]["application/json"]["schema"]
     assert set(ok["required"]) >= {"id", "created", "model", "data", "usage"}

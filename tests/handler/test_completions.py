@@ -33,7 +33,8 @@ def test_lm_evaluation_harness_request(client: Client, engine: FakeEngine) -> No
     assert body["id"].startswith("cmpl-") and body["object"] == "text_completion" and body["model"] == "fake-model"
     assert engine.submissions[-1][0] == prompts
     assert engine.sampling == [Sampling(0.0, 1234)] * 2
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     first, second = body["choices"]
     assert (first["index"], second["index"]) == (0, 1)
     assert first["text"] == "\n\x14\x1ea" and first["finish_reason"] == "length"  # the prompt, then "a" (97)
@@ -69,7 +70,8 @@ def test_the_prompt_alone_and_the_completion_alone(client: Client) -> None:
                                       "top_logprobs": [{"a": pytest.approx(-0.11)}], "text_offset": [0]}
     nothing = complete(client, prompt=[5, 6], max_tokens=0)
     assert nothing["choices"][0]["text"] == "" and nothing["choices"][0]["logprobs"] is None
-    assert nothing["usage"] == {"prompt_tokens": 2, "completion_tokens": 0, "total_tokens": 2}
+    assert nothing["usage"] == {"prompt_tokens": 2, "completion_tokens": 0, "total_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_sampling_follows_temperature_and_seed(client: Client, engine: FakeEngine) -> None:

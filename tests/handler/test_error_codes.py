@@ -114,6 +114,8 @@ CASES: dict[str, tuple[Callable[[str, FakeEngine], Reply], str | None]] = {
     "empty_sequence": (_score(score_body(), setup=_empty_tokenizer), "items"),
     "context_length_exceeded": (_score(score_body(query="q" * 70)), "items"),
     "too_many_tokens": (_score(score_body(items=["x" * 40] * 8)), "items"),
+    "invalid_cache_salt_type": (_rerank({"query": "q", "documents": ["d"], "cache_salt": 7}), "cache_salt"),
+    "invalid_cache_salt": (_classify({"input": "x", "cache_salt": ""}), "cache_salt"),
     "missing_text": (_request("POST", "/v1/tokenize", {"add_special_tokens": True}), "text"),
     "invalid_text_type": (_request("POST", "/v1/tokenize", {"text": ["a"]}), "text"),
     "invalid_add_special_tokens_type": (_request("POST", "/v1/tokenize", {"text": "a", "add_special_tokens": "no"}),

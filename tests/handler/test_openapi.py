@@ -30,7 +30,8 @@ def test_score_request_and_responses(spec: dict) -> None:
     assert request["required"] == ["query", "items"]
     assert request["oneOf"] == [{"required": ["label_token_ids"]}, {"required": ["labels"]}]
     assert set(request["properties"]) == {"query", "items", "label_token_ids", "labels", "label_normalization",
-                                          "return_token_logprobs", "apply_softmax", "item_first", "model"}
+                                          "return_token_logprobs", "apply_softmax", "item_first", "model",
+                                          "cache_salt"}
     assert request["properties"]["apply_softmax"]["type"] == ["boolean", "null"]  # null: as if absent
     assert {"type": "string", "minLength": 1} in request["properties"]["query"]["anyOf"]
     assert set(operation["responses"]) == {"200", "400", "401", "413", "422", "429", "500", "503"}

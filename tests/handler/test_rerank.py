@@ -55,7 +55,7 @@ def test_response_has_the_vllm_and_cohere_shape(client: Client, engine: FakeEngi
     pairs = [pair_tokens(RELEVANCE, QUERY, document) for document in DOCUMENTS]
     assert engine.submissions[-1][:2] == (pairs, [YES, NO])  # one pair per document, the yes/no tokens
     n = sum(map(len, pairs))
-    assert body["usage"] == {"prompt_tokens": n, "total_tokens": n}
+    assert body["usage"] == {"prompt_tokens": n, "total_tokens": n, "prompt_tokens_details": {"cached_tokens": 0}}
     # by relevance descending, ties (documents 1 and 3, and 0 and 4) by index
     assert [result["index"] for result in body["results"]] == [2, 1, 3, 0, 4]
     for result in body["results"]:
@@ -246,7 +246,7 @@ def test_openapi_documents_rerank() -> None:
         request = operation["requestBody"]["content"]["application/json"]["schema"]
         assert request["required"] == ["query", "documents"]
         assert set(request["properties"]) == {"query", "documents", "top_n", "return_documents",
-                                              "max_tokens_per_doc", "model"}
+                                              "max_tokens_per_doc", "model", "cache_salt"}
         ok = operation["responses"]["200"]["content"]["application/json"]["schema"]
         assert set(ok["required"]) == {"id", "model", "results", "usage"}
         assert set(ok["properties"]["results"]["items"]["properties"]) == {"index", "relevance_score", "document"}

@@ -24,7 +24,8 @@ def test_response_shape(client: Client) -> None:
     assert re.fullmatch(r"score-[0-9a-f]{32}", data["id"])
     assert data["object"] == "scoring" and data["model"] == "fake-model"
     assert isinstance(data["created"], int) and data["created"] > 1_700_000_000
-    assert data["usage"] == {"prompt_tokens": 4 + 5, "completion_tokens": 0, "total_tokens": 9}
+    assert data["usage"] == {"prompt_tokens": 4 + 5, "completion_tokens": 0, "total_tokens": 9,
+        "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_text_mode_tokenizes_query_plus_item_with_special_tokens(client: Client, engine: FakeEngine) -> None:

@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 from runtime.model.kernels import Kernels
+from runtime.requests.jobs import Job
+from runtime.requests.prefix_cache import PrefixCache
+from runtime.requests.scorer import Scorer
 from tests.conftest import assert_bfloat16_within_baseline, torch_label_logprobs
 from tests.runtime.conftest import CASES, random_sequences, scorer_for, small_plan, tiny_checkpoint
 
@@ -83,6 +86,25 @@ def test_shared_prefix_cascade_matches_transformers(tiny_case):
     ours = scorer.score(longer, labels)
     assert (scorer.prefix_batches > shared_before) == (scorer.rope_length_limit is None)
     np.testing.assert_allclose(ours, torch_label_logprobs(torch_model, longer, labels), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("tiny_case", sorted(CASES), indirect=True)
+def test_a_cached_query_gives_the_bits_of_a_miss_and_of_no_cache(tiny_case):
+    """The prefix cache (runtime.requests.prefix_cache) on every family: a query scored, then scored again from the
+    cache with the same items and with others; every score equal to a scorer's without a cache."""
+    _, plain = tiny_case
+    cached = Scorer(plain.plan, plain.exe, 1, prefix_cache=PrefixCache(1 << 28))
+    labels = (0, 5, 127, 64, 5)
+    first, again = shared_prefix_requests(4), shared_prefix_requests(4)
+    others = [first[0][:34] + item for item in ([9, 9], [1], [100, 2, 3])]
+    results = []
+    for sequences in (first, again, others):
+        dispatched = cached.dispatch([Job(sequences, labels)])
+        results.append((sequences, cached.collect(dispatched)[0], dispatched.cached_tokens[0]))
+    held = [hit for _, _, hit in results]
+    assert held == ([0, 34 * len(again), 34 * len(others)] if plain.rope_length_limit is None else [0, 0, 0])
+    for sequences, ours, _ in results:
+        assert np.array_equal(ours, plain.score(sequences, labels))
 
 
 @pytest.mark.parametrize("case, plan", [(case, plan) for case in ("llama", "qwen2", "qwen3", "mistral_sliding_window")

@@ -76,7 +76,8 @@ class ScorerEngine:
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def submit(self, sequences, label_ids, deadline=None, request_id=None, adapter=None) -> concurrent.futures.Future:
+    def submit(self, sequences, label_ids, deadline=None, request_id=None, adapter=None,
+               cache_salt=None) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.set_result(ScoreResult(self.scorer.score(sequences, label_ids), 0.0, 0.0))
         return future

@@ -1,0 +1,165 @@
+"""The prefix cache: the keys and values of prefixes computed for earlier requests, kept across requests, so that a
+prompt that requests repeat (a few-shot classifier, a judge's rubric, a reranker's template, a query paged over
+several requests) is computed once.
+
+An entry is one shared context as the scorer computed it (runtime.requests.scorer: `prefill_context`'s keys and
+values, [layers, context bucket, kv heads, head dim] each, on the device), for one token prefix. It is found by a hash
+chained over fixed blocks of BLOCK tokens, seeded with the adapter and the request's `cache_salt`: each of its block
+boundaries, and its own length, is a key. A request reuses the longest cached run of its leading tokens, up to where
+its rows are read, and scores the rest after it (the `hidden_after_context` programs, with the context's length the
+hit's): keys and values are causal, so an entry's first n positions are the keys and values of any prompt that
+shares those n tokens. With batch-invariant kernels (runtime.model.invariant: keys in fixed blocks at absolute
+positions) the cascade is one pass over the whole sequence bit for bit, so a hit, a partial hit and a miss give the
+same bits. Entries are evicted least recently used to stay within the byte budget (SCOREFN_PREFIX_CACHE_BYTES); a
+device batch that reads an evicted entry holds its arrays until it is done. Pure Python and NumPy (the arrays are
+the scorer's).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import itertools
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+# Tokens per block: the invariant attention's key block (runtime.model.invariant.KEY_BLOCK).
+BLOCK = 64
+# The shortest prefix a request of one sequence computes apart so that it enters the cache: shorter ones are cheap to
+# compute again, and each costs a device batch of its own.
+MIN_TOKENS = 4 * BLOCK
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """A cached context usable for `length` leading tokens: its keys and values and the context bucket they fill."""
+    length: int
+    kv: tuple[Any, Any]
+    context: int
+
+
+@dataclasses.dataclass
+class _Entry:
+    kv: tuple[Any, Any]
+    context: int
+    nbytes: int
+    keys: list[bytes]
+
+
+def _seed(adapter: int, salt: str | None) -> bytes:
+    """Adapters never share blocks with the base model or each other, salts never with another salt or none."""
+    return hashlib.blake2b(repr((adapter, salt)).encode(), digest_size=16).digest()
+
+
+def _chain(seed: bytes, tokens: Sequence[int], upto: int) -> list[tuple[int, bytes]]:
+    """(length, key) at every block boundary of tokens[:upto] (length a multiple of BLOCK, from BLOCK on)."""
+    keys, h = [], seed
+    array = np.asarray(tokens[:upto], np.int64)
+    for end in range(BLOCK, upto + 1, BLOCK):
+        h = hashlib.blake2b(h + array[end - BLOCK:end].tobytes(), digest_size=16).digest()
+        keys.append((end, h))
+    return keys
+
+
+def _tail_key(seed: bytes, tokens: Sequence[int], length: int) -> bytes:
+    """The key of exactly tokens[:length] (a prefix that ends inside a block): the chain to its last boundary, then
+    the rest, marked apart from a boundary's."""
+    chain = _chain(seed, tokens, length)
+    h = chain[-1][1] if chain else seed
+    rest = np.asarray(tokens[len(chain) * BLOCK:length], np.int64)
+    return hashlib.blake2b(b"tail" + h + rest.tobytes(), digest_size=16).digest()
+
+
+class PrefixCache:
+    """Contexts' keys and values by token prefix, least recently used evicted beyond `capacity_bytes`. Thread-safe:
+    admission prices lookups, the scorer's launcher threads insert."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()  # least recent first
+        self._index: dict[bytes, dict[int, int]] = {}  # key -> {entry: length it covers}, in order of insertion
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.bytes = 0
+        self.evictions = 0
+        self.query_tokens = 0  # leading tokens looked up for scoring (each request's prefix, once per lookup)
+        self.hit_tokens = 0  # of which found cached
+
+    def peek(self, tokens: Sequence[int], limit: int, adapter: int = 0, salt: str | None = None) -> int:
+        """How many of tokens[:limit] are cached (0: none), without counting or touching anything: admission's
+        price."""
+        found = self._find(tokens, limit, adapter, salt)
+        return found[0] if found else 0
+
+    def lookup(self, tokens: Sequence[int], limit: int, adapter: int = 0, salt: str | None = None) -> Hit | None:
+        """The longest cached run of tokens[:limit], marked recently used and counted."""
+        found = self._find(tokens, limit, adapter, salt)
+        with self._lock:
+            self.query_tokens += limit
+            if found is None or found[1] not in self._entries:
+                return None
+            length, entry_id = found
+            entry = self._entries[entry_id]
+            self._entries.move_to_end(entry_id)
+            self.hit_tokens += length
+            return Hit(length, entry.kv, entry.context)
+
+    def _find(self, tokens: Sequence[int], limit: int, adapter: int, salt: str | None) -> tuple[int, int] | None:
+        if limit <= 0 or not self._entries:
+            return None
+        seed = _seed(adapter, salt)
+        candidates = [(limit, _tail_key(seed, tokens, limit))] if limit % BLOCK else []
+        candidates += reversed(_chain(seed, tokens, limit))
+        with self._lock:
+            for length, key in candidates:
+                holders = self._index.get(key)
+                if holders:
+                    return length, next(reversed(holders))  # the newest entry that holds it
+        return None
+
+    def insert(self, tokens: Sequence[int], length: int, kv: tuple[Any, Any], context: int, adapter: int = 0,
+               salt: str | None = None) -> bool:
+        """Keep the keys and values of tokens[:length] (a context bucket of `context` positions); False when they
+        are larger than the whole cache or already held. Evicts the least recently used entries to make room."""
+        nbytes = int(sum(getattr(array, "nbytes", 0) for array in kv))
+        if length <= 0 or nbytes > self.capacity_bytes:
+            return False
+        seed = _seed(adapter, salt)
+        exact = _tail_key(seed, tokens, length) if length % BLOCK else None
+        keys = [(end, key) for end, key in _chain(seed, tokens, length)] + ([(length, exact)] if exact else [])
+        with self._lock:
+            if self._index.get(keys[-1][1]):  # this very prefix is held: keep one copy
+                return False
+            while self.bytes + nbytes > self.capacity_bytes and self._entries:
+                self._evict(next(iter(self._entries)))
+            entry_id = next(self._ids)
+            self._entries[entry_id] = _Entry(kv, context, nbytes, [key for _, key in keys])
+            for end, key in keys:
+                self._index.setdefault(key, {})[entry_id] = end
+            self.bytes += nbytes
+        return True
+
+    def _evict(self, entry_id: int) -> None:
+        """Drop an entry and its keys (lock held); a device batch that reads it keeps its arrays alive."""
+        entry = self._entries.pop(entry_id)
+        for key in entry.keys:
+            holders = self._index.get(key, {})
+            holders.pop(entry_id, None)
+            if not holders:
+                self._index.pop(key, None)
+        self.bytes -= entry.nbytes
+        self.evictions += 1
+
+    def clear(self) -> None:
+        with self._lock:
+            while self._entries:
+                self._evict(next(iter(self._entries)))
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"prefix_cache_query_tokens": self.query_tokens, "prefix_cache_hit_tokens": self.hit_tokens,
+                    "prefix_cache_bytes": self.bytes, "prefix_cache_evictions": self.evictions,
+                    "prefix_cache_entries": len(self._entries)}

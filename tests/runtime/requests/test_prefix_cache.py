@@ -1,0 +1,132 @@
+"""The prefix cache (runtime.requests.prefix_cache): its keys, isolation and byte bound; and through a scorer, that a
+hit, a partial hit and a miss give the same bits (np.array_equal) as a scorer without a cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runtime.requests.jobs import Job
+from runtime.requests.prefix_cache import BLOCK, MIN_TOKENS, PrefixCache
+from runtime.requests.scorer import Scorer
+from tests.runtime.conftest import random_sequences, scorer_for, small_plan, tiny_checkpoint
+
+VOCAB = 128
+KV = (np.zeros((2, 256, 1, 4), np.float32), np.zeros((2, 256, 1, 4), np.float32))  # 16 KiB, a 256-token context
+ENTRY_BYTES = sum(a.nbytes for a in KV)
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, VOCAB, n).tolist()
+
+
+def test_the_longest_cached_run_is_found_at_a_block_boundary_or_its_exact_length():
+    cache = PrefixCache(10 * ENTRY_BYTES)
+    prompt = tokens(0, 200)
+    assert cache.insert(prompt, 200, KV, 256)
+    assert cache.peek(prompt, 200) == 200  # the exact prefix, inside a block
+    assert cache.peek(prompt + [1, 2], 202) == 3 * BLOCK  # longer: its last whole block held
+    other = prompt[:130] + tokens(1, 70)
+    assert cache.peek(other, 200) == 2 * BLOCK  # shares two whole blocks and a bit
+    assert cache.peek(tokens(2, 200), 200) == 0
+    hit = cache.lookup(other, 200)
+    assert hit.length == 2 * BLOCK and hit.kv is KV and hit.context == 256
+    assert cache.query_tokens == 200 and cache.hit_tokens == 2 * BLOCK
+    assert not cache.insert(prompt, 200, KV, 256)  # held once
+
+
+def test_salts_and_adapters_never_share_blocks():
+    cache = PrefixCache(10 * ENTRY_BYTES)
+    prompt = tokens(0, 130)
+    cache.insert(prompt, 130, KV, 256, adapter=0, salt="tenant a")
+    assert cache.peek(prompt, 130, adapter=0, salt="tenant a") == 130
+    assert cache.peek(prompt, 130, adapter=0, salt="tenant b") == 0
+    assert cache.peek(prompt, 130, adapter=0, salt=None) == 0
+    assert cache.peek(prompt, 130, adapter=1, salt="tenant a") == 0
+
+
+def test_least_recently_used_entries_are_evicted_within_the_bound():
+    cache = PrefixCache(3 * ENTRY_BYTES)
+    prompts = [tokens(seed, 100) for seed in range(5)]
+    for prompt in prompts[:3]:
+        cache.insert(prompt, 100, KV, 256)
+    cache.lookup(prompts[0], 100)  # recently used: kept
+    for prompt in prompts[3:]:
+        cache.insert(prompt, 100, KV, 256)
+        assert cache.bytes <= cache.capacity_bytes
+    assert [cache.peek(p, 100) for p in prompts] == [100, 0, 0, 100, 100]
+    assert cache.evictions == 2 and cache.stats()["prefix_cache_entries"] == 3
+    assert not PrefixCache(ENTRY_BYTES - 1).insert(prompts[0], 100, KV, 256)  # larger than the cache: not kept
+
+
+# A plan whose contexts hold whole blocks: a one-sequence prompt of MIN_TOKENS or more is computed apart and kept.
+LONG = small_plan(lengths=(64, 320), batches=(1, 4), prefix_sharing=True, contexts=(128, 256),
+                  suffix_lengths=(8, 64), suffix_batches=(4,))
+
+
+@pytest.fixture(scope="module")
+def scorers(tmp_path_factory):
+    """(without a cache, with one) on one tiny llama's compiled programs."""
+    model_dir = tmp_path_factory.mktemp("llama")
+    tiny_checkpoint("llama", model_dir, max_position_embeddings=512)
+    plain = scorer_for(model_dir, "float32", LONG)
+    return plain, Scorer(LONG, plain.exe, 1, prefix_cache=PrefixCache(1 << 30))
+
+
+def scored(scorer: Scorer, sequences, labels=(0, 5, 127), salt=None) -> tuple[np.ndarray, int]:
+    dispatched = scorer.dispatch([Job(sequences, labels, cache_salt=salt)])
+    return scorer.collect(dispatched)[0], dispatched.cached_tokens[0]
+
+
+def test_a_prompt_computed_once_gives_its_bits_on_every_hit(scorers):
+    plain, cached = scorers
+    cached.prefix_cache.clear()
+    prompt = tokens(3, 270)  # a few-shot prompt, then each request's own text
+    texts = [prompt + tokens(10 + i, 20) for i in range(3)]
+    first, hit = scored(cached, [texts[0]])
+    assert hit == 0 and np.array_equal(first, plain.score([texts[0]], [0, 5, 127]))
+    for text in texts[1:]:
+        ours, hit = scored(cached, [text])
+        assert hit == 4 * BLOCK >= MIN_TOKENS  # its whole blocks of the shared prompt
+        assert np.array_equal(ours, plain.score([text], [0, 5, 127]))
+    again, hit = scored(cached, [texts[0]])
+    assert hit == 4 * BLOCK and np.array_equal(again, first)
+
+
+def test_a_query_again_and_a_prompt_that_extends_it_inside_a_block(scorers):
+    plain, cached = scorers
+    cached.prefix_cache.clear()
+    query = tokens(4, 200)
+    items = random_sequences(np.random.default_rng(5), 4, 1, 8, VOCAB)
+    sequences = [query + item for item in items]
+    first, hit = scored(cached, sequences)
+    second, hit_again = scored(cached, sequences)
+    assert hit == 0 and hit_again == 200 * len(items)  # the whole query, which ends inside a block
+    longer = [query + tokens(8, 10)]  # extends the cached query: its whole blocks are held, the rest computed
+    extended, partial = scored(cached, longer)
+    assert partial == 3 * BLOCK
+    for ours, expected in ((first, sequences), (second, sequences), (extended, longer)):
+        assert np.array_equal(ours, plain.score(expected, [0, 5, 127]))
+    # evicted, then computed again: the same bits
+    cached.prefix_cache.clear()
+    assert np.array_equal(scored(cached, sequences)[0], first)
+
+
+def test_another_salt_shares_nothing_and_gets_the_same_bits(scorers):
+    plain, cached = scorers
+    cached.prefix_cache.clear()
+    text = tokens(6, 300)
+    mine, _ = scored(cached, [text], salt="a")
+    theirs, hit = scored(cached, [text], salt="b")
+    assert hit == 0 and np.array_equal(mine, theirs)
+    assert scored(cached, [text], salt="a")[1] == 4 * BLOCK
+
+
+def test_admission_prices_a_hit_as_the_tokens_it_computes(scorers):
+    _, cached = scorers
+    cached.prefix_cache.clear()
+    text = tokens(7, 300)
+    before = cached.cost([Job([text], (0,))])
+    scored(cached, [text])
+    after = cached.cost([Job([text], (0,))])
+    assert before.context > 0 and after.context == 0 and after.tokens < before.tokens
