@@ -171,6 +171,7 @@ resource "google_cloud_run_v2_service" "scorefn" {
     max_instance_request_concurrency = local.max_instance_request_concurrency
     timeout                          = "${var.request_timeout_s}s"
     gpu_zonal_redundancy_disabled    = var.gpu_zonal_redundancy_disabled
+    session_affinity                 = var.session_affinity
     labels                           = local.labels
 
     scaling {

@@ -73,6 +73,12 @@ variable "max_instances" {
   default     = 3
 }
 
+variable "session_affinity" {
+  description = "Route a client's requests to the same instance (Cloud Run's cookie-based session affinity, best effort): each instance has its own prefix cache, so a client that repeats a prompt finds it cached on the instance that computed it."
+  type        = bool
+  default     = false
+}
+
 variable "max_wait_s" {
   description = "SCOREFN_MAX_WAIT_S: an instance refuses a request (429 with Retry-After) whose predicted wait for the GPU would exceed this many seconds. With requests_per_second it sets max_instance_request_concurrency."
   type        = number

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from typing import Any
 from pathlib import Path
 
 from runtime.model.gguf import GGUF_WEIGHTS
@@ -75,11 +76,20 @@ class TorchScorer:
 
     def score_prefix_cached(self, query: list[int], items: list[list[int]], labels: list[int]):
         """query + item for each item, the query's KV cache computed once and reused for every batch of items."""
+        return self.score_after_prefix(self.prefix(query), items, labels)
+
+    def prefix(self, query: list[int]) -> tuple[Any, int]:
+        """A prompt's past_key_values and its length: what an expert keeps to score many inputs after it."""
+        with self.torch.inference_mode():
+            ids = self.torch.tensor([query], device=self.device)
+            return self.model(input_ids=ids, use_cache=True).past_key_values, len(query)
+
+    def score_after_prefix(self, prefix: tuple[Any, int], items: list[list[int]], labels: list[int]):
+        """Each item after a prefix (`prefix()`), the prefix's KV cache copied for every batch of items."""
         torch = self.torch
-        C = len(query)
+        cache, C = prefix
         out = []
         with torch.inference_mode():
-            cache = self.model(input_ids=torch.tensor([query], device=self.device), use_cache=True).past_key_values
             for start in range(0, len(items), self.batch):
                 chunk = items[start:start + self.batch]
                 width = max(len(item) for item in chunk)

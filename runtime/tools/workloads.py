@@ -7,6 +7,8 @@ W4: 64 prompts of 256 tokens, every position's log-probability and top 5 (as /v1
 W5: reranking, as the built-in yes/no reranker lays a pair out: template head, a 64-token query, 100 documents of
 100 tokens, template tail, yes/no labels.
 W6: multiple choice at scale: a 200-token query, 100 items of 20 tokens, 4 labels (answer texts) of 2-8 tokens.
+W7: a few-shot classifier: a fixed 1,500-token prompt, one 30-token input and a 4-token cue per request, 2 labels;
+100 requests (the prefix cache's workload).
 Batch: W1-256 as a batch file, each line one W1-256 request (`scorefn batch` in process, against W1-256's figure).
 LoRA: 8 seeded random adapters of rank 16 on every projection; W1-256 as 8 requests of 32 items, one adapter each
 (one device round mixes them), and W2 with one adapter, against the base model on the same requests.
@@ -30,6 +32,7 @@ W2_SIZES = {"w2": (1000, 100, 20), "w2_peer": (2000, 500, 20)}  # query tokens, 
 W4_SIZE = (64, 256, 5)  # prompts, tokens each, top alternatives per position (echo + logprobs)
 W5_SIZE = (27, 64, 100, 100, 22)  # head tokens, query tokens, documents, document tokens, tail tokens
 W6_SIZE = (200, 100, 20, (2, 4, 6, 8))  # query tokens, items, item tokens, each label's tokens
+W7_SIZE = (1500, 30, 4, 100)  # prompt tokens, input tokens, cue tokens, requests
 LORA_SIZE = (8, 16, 8)  # adapters, rank, requests W1-256 is split into
 BATCH_LINES = 16  # W1-256 requests in the batch file
 FIRST_ID = 100  # generated token IDs avoid the low IDs most vocabularies reserve for special tokens
@@ -95,6 +98,14 @@ def w6_request(vocab: int, query_tokens: int, items: int, item_tokens: int, labe
     query = token_ids(rng, vocab, query_tokens)
     return query, [token_ids(rng, vocab, item_tokens) for _ in range(items)], \
         [token_ids(rng, vocab, n) for n in label_tokens]
+
+
+def w7_requests(vocab: int, prompt_tokens: int, input_tokens: int, cue_tokens: int, requests: int
+                ) -> list[list[int]]:
+    """Each request's one sequence: the fixed prompt, its own input, the cue (`Sentiment:`)."""
+    rng = np.random.default_rng(7)
+    prompt, cue = token_ids(rng, vocab, prompt_tokens), token_ids(rng, vocab, cue_tokens)
+    return [prompt + token_ids(rng, vocab, input_tokens) + cue for _ in range(requests)]
 
 
 def workloads(vocab: int) -> dict[str, tuple[list, str]]:

@@ -22,6 +22,7 @@ from runtime.tools.bench.adapters import run_lora
 from runtime.tools.bench.batch_file import run_batch
 from runtime.tools.bench.choice import run_w6
 from runtime.tools.bench.compile_times import compile_times
+from runtime.tools.bench.fewshot import run_w7
 from runtime.tools.bench.http_load import W3_ENV, run_w3
 from runtime.tools.bench.logprobs import run_w4
 from runtime.tools.bench.measure import matmul_peak
@@ -72,6 +73,9 @@ def main(args: argparse.Namespace) -> int:
         return run_roofline(args)
     # PyTorch's baselines share the GPU: JAX takes memory as it needs it instead of 75% up front.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    # Every workload's runs repeat the same requests, which the prefix cache would answer from memory: each times the
+    # computing (its servers and `scorefn batch` inherit this), and W7 times the cache against it.
+    os.environ["SCOREFN_PREFIX_CACHE_BYTES"] = "0"
     settings = load_settings()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per W3 request otherwise
     smoke = getattr(args, "smoke", False)  # the test suite's run: every code path, minimal sizes
@@ -118,6 +122,7 @@ def main(args: argparse.Namespace) -> int:
     report["lora"] = run_lora(settings, loaded, scorer, vocab, smoke, quick)
     report["w5"] = run_w5(scorer, settings, loaded, baselines, vocab, smoke, quick, invariant_and_not)
     report["w6"] = run_w6(scorer, baselines, vocab, smoke, quick, invariant_and_not)
+    report["w7"] = run_w7(scorer, baselines, vocab, smoke, quick)
     if not config:  # the embedded model (or SCOREFN_MODEL): what `scorefn batch` loads by itself
         report["batch"] = run_batch(vocab, report["w1"], smoke, platform.dtype)
     if not args.skip_http and not config:
@@ -173,6 +178,12 @@ def _summary(report: dict, baselines: dict) -> dict:
     for dt in baselines:
         summary[f"w5_vs_torch_{dt}_prefix_cache"] = ratio(report["w5"], f"torch_{dt}_prefix_cache")
         summary[f"w6_vs_torch_{dt}_prompt_cache"] = ratio(report["w6"], f"torch_{dt}_prompt_cache")
+    w7 = report["w7"]
+    summary["w7_cache_vs_none"] = round(w7["cache"]["items_per_s"] / w7["no_cache"]["items_per_s"], 3)
+    summary["w7_cache_vs_none_8_clients"] = round(w7["cache_8"]["items_per_s"] / w7["no_cache_8"]["items_per_s"], 3)
+    summary["w7_cached_share"] = round(w7["cached_share"], 3)
+    for dt in baselines:
+        summary[f"w7_vs_torch_{dt}_past_key_values"] = ratio(w7, f"torch_{dt}_prompt_cache")
     if "w3" in report:
         w3 = report["w3"]
         summary["w3_concurrent_vs_serial"] = round(w3["concurrent"]["items_per_s"] / w3["serial"]["items_per_s"], 3)
