@@ -164,7 +164,8 @@ class Engine:
         self._scheduler = Scheduler(self.service, lambda job: scorer.cost([job], marginal=True),
                                     self.settings.max_queue, self.settings.max_wait_s, self.settings.max_round_s,
                                     round_cost=scorer.cost,
-                                    slice_rows=scorer.slice_rows)
+                                    slice_rows=scorer.slice_rows,
+                                    admitted=getattr(scorer, "expect", None))  # a stub scorer has none
         self._device = DeviceThread(self._scheduler, scorer, self.rounds_in_flight,
                                     self.settings.batch_wait_ms / 1000.0)
         self._device.start()

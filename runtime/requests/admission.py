@@ -65,13 +65,16 @@ class AdmissionControl:
     # Offered work is averaged over two windows: an overload is a load above capacity over both the long one (many
     # requests: a burst is not an overload) and the short one (it is still going on: the load has not dropped).
     LOAD_WINDOWS_S = (30.0, 5.0)
+    PENDING_S = 60.0  # how long a request without a deadline counts as about to compute what it was admitted with
 
     def __init__(self, backlog: Backlog, cost: Callable[[Any], Work], max_queue: int, max_wait_s: float,
                  round_s: float, slice_rows: Callable[[Any], int] | None = None,
-                 alone: Callable[[Any], Work] | None = None) -> None:
+                 alone: Callable[[Any], Work] | None = None,
+                 admitted: Callable[[Any, float], None] | None = None) -> None:
         """`cost(job)`: a request's device work on a busy device (what it adds to a round); `round_s`: a round's
         budget; `slice_rows(job)`: the fewest of its rows worth a slice (default 1); `alone(job)`: its work run alone,
-        its own device batches (default: `cost`)."""
+        its own device batches (default: `cost`); `admitted(job, until)`: told of each request queued (the scorer's
+        prefix cache prices the requests after it that share its prefix as hits, until it is computed or `until`)."""
         self.backlog = backlog
         self.model = backlog.model
         self.max_queue = max_queue
@@ -82,6 +85,7 @@ class AdmissionControl:
         self.admitted = 0
         self._cost = cost
         self._alone = alone or cost
+        self._admitted = admitted
         self._min_rows = slice_rows or (lambda job: 1)
         self._clock = backlog.clock
         self._offered = [0.0] * len(self.LOAD_WINDOWS_S)  # decayed sums of the work asked for (each request's up to
@@ -138,6 +142,8 @@ class AdmissionControl:
                 trace.queued()
             self.backlog.queue.append(entry)
             self.backlog.lock.notify_all()
+        if self._admitted is not None:  # outside the lock (it reads the tokens); a round may have taken it already
+            self._admitted(job, deadline if deadline is not None else now + self.PENDING_S)
         return entry
 
     def _refuse_if_late(self, entry: Entry, now: float, share: float) -> None:

@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import itertools
 import threading
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -81,6 +82,7 @@ class PrefixCache:
         self.capacity_bytes = capacity_bytes
         self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()  # least recent first
         self._index: dict[bytes, dict[int, int]] = {}  # key -> {entry: length it covers}, in order of insertion
+        self._pending: dict[bytes, tuple[int, float]] = {}  # key -> (length, until): contexts queued requests keep
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.bytes = 0
@@ -88,11 +90,33 @@ class PrefixCache:
         self.query_tokens = 0  # leading tokens looked up for scoring (each request's prefix, once per lookup)
         self.hit_tokens = 0  # of which found cached
 
-    def peek(self, tokens: Sequence[int], limit: int, adapter: int = 0, salt: str | None = None) -> int:
+    def peek(self, tokens: Sequence[int], limit: int, adapter: int = 0, salt: str | None = None,
+             pending: bool = False, now: float | None = None) -> int:
         """How many of tokens[:limit] are cached (0: none), without counting or touching anything: admission's
-        price."""
+        price. `pending`: also those a queued request will compute and keep (`expect`), as of `now`."""
         found = self._find(tokens, limit, adapter, salt)
-        return found[0] if found else 0
+        held = found[0] if found else 0
+        if pending and self._pending and limit > 0:
+            now = time.monotonic() if now is None else now
+            with self._lock:
+                for length, key in reversed(self._keys(tokens, limit, adapter, salt)):
+                    expected = self._pending.get(key)
+                    if length <= held:
+                        break
+                    if expected and expected[1] > now:
+                        return length
+        return held
+
+    def expect(self, tokens: Sequence[int], length: int, adapter: int, salt: str | None, until: float) -> None:
+        """A queued request will compute tokens[:length] and keep them: requests after it are priced as hits
+        (`peek(pending=True)`) until it does, or until `until` (it may fail or be dropped)."""
+        keys = self._keys(tokens, length, adapter, salt)
+        with self._lock:
+            for end, key in keys:
+                self._pending[key] = (end, max(until, self._pending.get(key, (0, 0.0))[1]))
+            now = time.monotonic()
+            for key in [k for k, (_, at) in self._pending.items() if at <= now]:
+                del self._pending[key]
 
     def lookup(self, tokens: Sequence[int], limit: int, adapter: int = 0, salt: str | None = None) -> Hit | None:
         """The longest cached run of tokens[:limit], marked recently used and counted."""
@@ -110,9 +134,7 @@ class PrefixCache:
     def _find(self, tokens: Sequence[int], limit: int, adapter: int, salt: str | None) -> tuple[int, int] | None:
         if limit <= 0 or not self._entries:
             return None
-        seed = _seed(adapter, salt)
-        candidates = [(limit, _tail_key(seed, tokens, limit))] if limit % BLOCK else []
-        candidates += reversed(_chain(seed, tokens, limit))
+        candidates = reversed(self._keys(tokens, limit, adapter, salt))  # the longest first
         with self._lock:
             for length, key in candidates:
                 holders = self._index.get(key)
@@ -125,12 +147,14 @@ class PrefixCache:
         """Keep the keys and values of tokens[:length] (a context bucket of `context` positions); False when they
         are larger than the whole cache or already held. Evicts the least recently used entries to make room."""
         nbytes = int(sum(getattr(array, "nbytes", 0) for array in kv))
-        if length <= 0 or nbytes > self.capacity_bytes:
+        if length <= 0:
             return False
-        seed = _seed(adapter, salt)
-        exact = _tail_key(seed, tokens, length) if length % BLOCK else None
-        keys = [(end, key) for end, key in _chain(seed, tokens, length)] + ([(length, exact)] if exact else [])
+        keys = self._keys(tokens, length, adapter, salt)
         with self._lock:
+            for _, key in keys:
+                self._pending.pop(key, None)
+            if nbytes > self.capacity_bytes:
+                return False
             if self._index.get(keys[-1][1]):  # this very prefix is held: keep one copy
                 return False
             while self.bytes + nbytes > self.capacity_bytes and self._entries:
@@ -141,6 +165,13 @@ class PrefixCache:
                 self._index.setdefault(key, {})[entry_id] = end
             self.bytes += nbytes
         return True
+
+    @staticmethod
+    def _keys(tokens: Sequence[int], length: int, adapter: int, salt: str | None) -> list[tuple[int, bytes]]:
+        """(length, key) of every block boundary of tokens[:length] and of its exact length."""
+        seed = _seed(adapter, salt)
+        chain = _chain(seed, tokens, length)
+        return chain + ([(length, _tail_key(seed, tokens, length))] if length % BLOCK else [])
 
     def _evict(self, entry_id: int) -> None:
         """Drop an entry and its keys (lock held); a device batch that reads it keeps its arrays alive."""

@@ -27,14 +27,16 @@ class Scheduler:
 
     def __init__(self, model: ServiceModel, cost: Callable[[Any], Work], max_queue: int, max_wait_s: float,
                  max_round_s: float, round_cost: Callable[[list], Work] | None = None,
-                 clock: Callable[[], float] = time.monotonic, slice_rows: Callable[[Any], int] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, slice_rows: Callable[[Any], int] | None = None,
+                 admitted: Callable[[Any, float], None] | None = None) -> None:
         """`cost(job)`: a request's device work on a busy device (what it adds to a round); `round_cost(jobs)`: the
         work of a round as the scorer plans it (default: the sum of its slices'); `slice_rows(job)`: the fewest of
-        its rows worth a slice (default 1)."""
+        its rows worth a slice (default 1); `admitted(job, until)`: told of each request queued (AdmissionControl)."""
         self.backlog = Backlog(model, clock)
         self.round_s = round_budget(max_wait_s, max_round_s)
         alone = None if round_cost is None else (lambda job: round_cost([job]))
-        self.admission = AdmissionControl(self.backlog, cost, max_queue, max_wait_s, self.round_s, slice_rows, alone)
+        self.admission = AdmissionControl(self.backlog, cost, max_queue, max_wait_s, self.round_s, slice_rows, alone,
+                                          admitted)
         self.rounds = RoundBuilder(self.backlog, self.round_s, round_cost, self.admission.refuse_late)
 
     @property

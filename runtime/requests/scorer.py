@@ -24,7 +24,7 @@ from runtime.interface import Sampling, TokenLogprobs
 from runtime.requests.cost import Work, plan_work, shared_slice_rows
 from runtime.requests.jobs import Context, Job, TokenJob, plan_context
 from runtime.requests.launch import Entries, Launched, Launcher, Run
-from runtime.requests.prefix_cache import PrefixCache
+from runtime.requests.prefix_cache import Hit, PrefixCache
 from runtime.requests.rounds import RoundScorer
 from runtime.shapes.buckets import BucketPlan, SequenceTooLong, fit
 from runtime.shapes.layout import DeviceBatch
@@ -113,22 +113,28 @@ class Scorer(RoundScorer):
 
     def cost(self, jobs: Sequence[Job | TokenJob], marginal: bool = False) -> Work:
         """The device work dispatch(jobs) plans (runtime.requests.cost.plan_work)."""
-        return plan_work(self.plan, jobs, self.rope_length_limit, marginal, self._cached)
+        return plan_work(self.plan, jobs, self.rope_length_limit, marginal, self._held(pending=marginal))
 
     def slice_rows(self, job: Job | TokenJob) -> int:
         """The fewest rows of a request worth computing in one slice (runtime.requests.cost.shared_slice_rows)."""
-        return shared_slice_rows(self.plan, job, self.rope_length_limit, self._cached)
+        return shared_slice_rows(self.plan, job, self.rope_length_limit, self._held())
 
-    @property
-    def _cached(self):
-        """How many of a job's first `limit` tokens the prefix cache holds (plan_context's `cached`), or None."""
+    def expect(self, job: Job | TokenJob, until: float) -> None:
+        """An admitted request that will compute a context and keep it: the requests after it that share it are priced
+        as hits on a busy device (cost(marginal=True)) until it does, or until `until`."""
+        if self.prefix_cache is not None and (context := self._context(job)).keep:
+            self.prefix_cache.expect(job.sequences[0], context.length, job.adapter, job.cache_salt, until)
+
+    def _held(self, pending: bool = False):
+        """How many of a job's first `limit` tokens the prefix cache holds (plan_context's `cached`), or None; with
+        `pending`, also those an admitted request will keep."""
         cache = self.prefix_cache
         if cache is None:
             return None
-        return lambda job, limit: cache.peek(job.sequences[0], limit, job.adapter, job.cache_salt)
+        return lambda job, limit: cache.peek(job.sequences[0], limit, job.adapter, job.cache_salt, pending)
 
     def _context(self, job: Job | TokenJob) -> Context:
-        return plan_context(self.plan, job, self.rope_length_limit, self._cached)
+        return plan_context(self.plan, job, self.rope_length_limit, self._held())
 
     def dispatch(self, jobs: Sequence[Job | TokenJob]) -> Dispatched:
         """Check, plan and launch every device batch of these requests; nothing waits for the device."""
@@ -140,17 +146,25 @@ class Scorer(RoundScorer):
         full_rows: list[Row] = []
         token_rows: list[Row] = []
         cached_tokens = [0] * len(jobs)
+        hits: dict[tuple, tuple[Hit, list[Row]]] = {}  # requests after one cached context share device batches
         for j, job in enumerate(jobs):
             targets = getattr(job, "targets", None) or [None] * len(job.sequences)
             rows = [Row(j, i, seq, target) for i, (seq, target) in enumerate(zip(job.sequences, targets))]
             if isinstance(job, TokenJob):
                 token_rows += rows
             elif (context := self._context(job)).length:
-                batches, cached = self._dispatch_after_prefix(rows, jobs, context)
-                launched += batches
-                cached_tokens[j] = cached * len(rows)
+                hit = self.prefix_cache.lookup(rows[0].tokens, context.length, job.adapter, job.cache_salt) \
+                    if context.cached else None
+                if hit is not None and hit.length == context.length:  # else evicted since planned: computed again
+                    hits.setdefault((id(hit.kv[0]), hit.length), (hit, []))[1].extend(rows)
+                    cached_tokens[j] = hit.length * len(rows)
+                else:
+                    launched += self._dispatch_after_prefix(rows, jobs, context.length, keep=context.keep or
+                                                            context.cached)
             else:
                 full_rows += rows
+        for hit, rows in hits.values():
+            launched += self._dispatch_after_prefix(rows, jobs, hit.length, hit=hit)
         launched += self._dispatch_full(full_rows, jobs)
         launched += self._dispatch_tokens(token_rows, jobs)
         return Dispatched(jobs, launched, cached_tokens)
@@ -204,29 +218,26 @@ class Scorer(RoundScorer):
             self._count(batch)
         return out
 
-    def _dispatch_after_prefix(self, rows: list[Row], jobs: Sequence[Job], context: Context
-                               ) -> tuple[list[Launched], int]:
-        """One request's items after its context of `context.length` leading tokens: the context's keys and values
-        from the prefix cache, or computed once (and kept, when the context says so), then the items' device batches
-        attending them. The context's keys and values are its adapter's: one request, one adapter. Returns the
-        launched batches and the tokens of each row the cache held."""
-        job, shared = jobs[rows[0].job], context.length
-        hit = self.prefix_cache.lookup(rows[0].tokens, shared, job.adapter, job.cache_salt) \
-            if context.cached and self.prefix_cache is not None else None
+    def _dispatch_after_prefix(self, rows: list[Row], jobs: Sequence[Job], shared: int, hit: Hit | None = None,
+                               keep: bool = False) -> list[Launched]:
+        """Rows after a context of their `shared` leading tokens: its keys and values from the prefix cache (`hit`:
+        the rows of every request that found it), or computed once from the first row (one request's: they are
+        its adapter's; kept in the cache when `keep`), then the rows' device batches attending them."""
+        job = jobs[rows[0].job]
         out: list[Launched] = []
-        if hit is not None and hit.length == shared:  # else evicted since it was planned: computed again
+        if hit is not None:
             context_kv, bucket = list(hit.kv), hit.context
         else:
-            hit, bucket, context_kv = None, fit(self.plan.contexts(), shared), []
+            bucket, context_kv = fit(self.plan.contexts(), shared), []
             prefix = np.zeros((1, bucket), np.int32)
             prefix[0, :shared] = rows[0].tokens[:shared]
-            keep = self.prefix_cache if (context.keep or context.cached) else None
+            cache = self.prefix_cache if keep else None
             tokens = list(rows[0].tokens[:shared])
 
             def prefill(run: Run) -> Entries:
                 context_kv.extend(run("prefill_context", (bucket,), prefix, np.full((1,), job.adapter, np.int32)))
-                if keep is not None:
-                    keep.insert(tokens, shared, tuple(context_kv), bucket, job.adapter, job.cache_salt)
+                if cache is not None:
+                    cache.insert(tokens, shared, tuple(context_kv), bucket, job.adapter, job.cache_salt)
                 return []
             out.append(self.launcher.launch(prefill, now=True))  # the batches after it read its keys and values
         program = self.plan.layout.continuation_program.name
@@ -240,7 +251,7 @@ class Scorer(RoundScorer):
             out.append(self.launcher.launch(forward_and_heads, after=context_kv))
             self.prefix_batches += 1
             self._count(batch)
-        return out, (shared if hit is not None else 0)
+        return out
 
     def _count(self, batch: DeviceBatch) -> None:
         self.device_batches += 1

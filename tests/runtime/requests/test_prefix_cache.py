@@ -3,6 +3,8 @@ hit, a partial hit and a miss give the same bits (np.array_equal) as a scorer wi
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -130,3 +132,34 @@ def test_admission_prices_a_hit_as_the_tokens_it_computes(scorers):
     scored(cached, [text])
     after = cached.cost([Job([text], (0,))])
     assert before.context > 0 and after.context == 0 and after.tokens < before.tokens
+
+
+def test_requests_after_one_cached_prompt_share_its_device_batches(scorers):
+    plain, cached = scorers
+    cached.prefix_cache.clear()
+    prompt = tokens(9, 280)
+    texts = [prompt + tokens(20 + i, 12) for i in range(4)]
+    scored(cached, [texts[0]])
+    before = cached.prefix_batches
+    dispatched = cached.dispatch([Job([text], (0, 5, 127)) for text in texts])
+    results = cached.collect(dispatched)
+    assert cached.prefix_batches - before == 1 and dispatched.cached_tokens == [4 * BLOCK] * 4  # one batch of four
+    for text, ours in zip(texts, results):
+        assert np.array_equal(ours, plain.score([text], [0, 5, 127]))
+
+
+def test_requests_after_one_that_will_compute_their_prompt_are_priced_as_hits_on_a_busy_device(scorers):
+    """A burst of requests with one prompt: the first computes it, the others are priced by what they add once it is
+    cached (their share of a busy device); alone, each would compute it (its own work, what admission promises)."""
+    _, cached = scorers
+    cached.prefix_cache.clear()
+    text = tokens(11, 300)
+    other = [text[:290] + tokens(12, 10)]
+    miss = cached.cost([Job(other, (0,))], marginal=True)
+    cached.expect(Job([text], (0,)), time.monotonic() - 1)  # its deadline passed: not expected any more
+    assert cached.cost([Job(other, (0,))], marginal=True) == miss
+    cached.expect(Job([text], (0,)), time.monotonic() + 60)
+    share, alone = cached.cost([Job(other, (0,))], marginal=True), cached.cost([Job(other, (0,))])
+    assert share.context == 0 < miss.context and alone.context == miss.context
+    scored(cached, [text])  # computed and kept: a hit either way
+    assert cached.cost([Job(other, (0,))]).context == 0
