@@ -11,8 +11,8 @@ share of a round, runtime.requests.round_builder):
     small (own <= max_wait / 2):  wait + own <= max_wait   (it is answered within SCOREFN_MAX_WAIT_S)
     any:     now + inflight + ahead / (1 - OLDEST_SHARE) <= deadline   (it starts before SCOREFN_REQUEST_TIMEOUT_S)
     overload (offered work `load` times what the device computes, over the last 30 s and the last 5 s, above 1):
-             backlog <= BACKLOG_WAITS * max_wait; over max_wait / 2 of it, one request in load * packing let in
-             whatever its kind; a small one judged as the longest small one would be (own = max_wait / 2)
+             backlog <= BACKLOG_WAITS * max_wait; while the longest small request queued would wait over
+             max_wait / 2, one request in load * packing let in whatever its kind; a small one judged as that one
 
 Every rule refuses for work ahead of the request, never for its own: on an idle instance `wait` and the backlog are 0,
 so every request within the limits is admitted, and a large one (own over max_wait / 2, even over max_wait) is
@@ -153,9 +153,10 @@ class AdmissionControl:
         refusals = []  # (seconds over, reason, what the client is told): over is the wait to drain first
         if own <= self.max_wait_s / 2:
             judged, why = own, f"its own work: {own:.1f} s"
-            if load > 1.0:  # overloaded: judged as the longest small request, so every small kind is refused alike
-                wait, judged = max(wait, self.packed_wait_s(self.max_wait_s / 2)), self.max_wait_s / 2
-                why = f"overloaded, each small request judged as {judged:g} s of work"
+            if load > 1.0 and (longest := self._longest_small()) is not None:
+                # overloaded: judged as the longest small request queued, so every small kind is refused alike
+                wait, judged = max(wait, longest[1]), max(own, longest[0])
+                why = f"overloaded, each small request judged as the longest queued, {judged:.1f} s of work"
             if wait + judged > self.max_wait_s:
                 refusals.append((wait + judged - self.max_wait_s, "wait", f"this request would wait {wait:.1f} s for "
                                  f"the device ({why}), over the limit of {self.max_wait_s:g} s (SCOREFN_MAX_WAIT_S)"))
@@ -169,9 +170,11 @@ class AdmissionControl:
                 refusals.append((backlog - self.backlog_limit_s, "overload", f"{overloaded} and {backlog:.1f} s of "
                                  f"work are queued, over {self.backlog_limit_s:g} s ({self.BACKLOG_WAITS:g} x "
                                  f"SCOREFN_MAX_WAIT_S)"))
-            # While work waits (the device saturated: over half a budget queued), one request in `load` (at what
-            # busy rounds cost) is let in, whatever its kind; once the backlog has drained, every one again.
-            elif not refusals and backlog > self.max_wait_s / 2:
+            # While small work waits (the device saturated: the longest small request would wait over half a
+            # budget), one request in `load` (at what busy rounds cost) is let in, whatever its kind; once it has
+            # drained, every one again, while the load (a 5 s average) still remembers the overload. A bulk request
+            # left in the backlog is no reason: it runs a round's share at a time.
+            elif not refusals and (longest := self._longest_small()) is not None and longest[1] > self.max_wait_s / 2:
                 ratio = load * self.backlog.packing
                 self._share = min(self._share + 1 / ratio, 2.0)
                 if self._share < 1.0:
@@ -224,6 +227,16 @@ class AdmissionControl:
         ahead = sum(left for e in queue if (left := left_s(e)) <= share)
         oldest_share = RoundBuilder.OLDEST_SHARE if queue and left_s(queue[0]) > share else 0.0
         return ahead / (1 - oldest_share)
+
+    def _longest_small(self) -> tuple[float, float] | None:
+        """The longest small request queued: (its own seconds, its wait at what busy rounds cost); None when none is
+        (lock held)."""
+        small = [(e.admission.own_s, self.backlog.left_s(e)) for e in self.backlog.queue
+                 if e.admission is not None and e.admission.own_s <= self.max_wait_s / 2]
+        if not small:
+            return None
+        own, share = max(small)
+        return own, self.packed_wait_s(share)
 
     def refuse_late(self, next_start: float) -> None:
         """Refuse (429, Retry-After) the small requests still queued that can no longer start before their
