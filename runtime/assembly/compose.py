@@ -111,7 +111,10 @@ def prefix_cache(setting: int | None, device: Any) -> PrefixCache | None:
     """SCOREFN_PREFIX_CACHE_BYTES' cache (None when 0); auto: a share of the memory the model runs in that is free
     now (the weights are placed: the executables' working memory is what the share leaves)."""
     if setting is None:
-        stats = device.memory_stats() if device.platform != "cpu" else None
+        try:
+            stats = device.memory_stats() if device.platform != "cpu" else None
+        except jax.errors.JaxRuntimeError:  # a compile-only device (a deviceless build): nothing is served on it
+            return None
         if stats and "bytes_limit" in stats:
             setting = int((stats["bytes_limit"] - stats.get("bytes_in_use", 0)) * DEVICE_CACHE_SHARE)
         else:
