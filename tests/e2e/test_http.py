@@ -55,10 +55,14 @@ def test_a_repeated_query_is_read_from_the_prefix_cache_with_the_same_bits(serve
     """The same query and items twice: the second reads the query's keys and values from the prefix cache
     (runtime.requests.prefix_cache) and gives the same bits; another cache_salt shares nothing."""
     salt = uuid.uuid4().hex
-    query = "Which of these is the capital city of France? Answer:"
-    body = dict(query=query, items=[f" {city}" for city in ("Paris", "Lyon", "Nice", "Lille", "Metz", "Brest", "Caen",
-                                                            "Dijon", "Tours", "Reims")],
-                label_token_ids=[PARIS, LONDON], cache_salt=salt)
+    # A 29-token query, 16 items 5-7 tokens long: after it, each row fits the smallest item bucket, where in full each
+    # pads to 64 tokens, so the query is computed once (and kept) whatever a device batch's measured price
+    query = "Which of these is the capital city of France? Think of the map of Europe, then answer with the name of " \
+            "one city only. Answer:"
+    cities = ("Paris", "Lyon", "Nice", "Lille", "Metz", "Brest", "Caen", "Dijon", "Tours", "Reims", "Nantes", "Rouen",
+              "Lens", "Pau", "Nancy", "Angers")
+    body = dict(query=query, items=[f" {city} (a city)" for city in cities], label_token_ids=[PARIS, LONDON],
+                cache_salt=salt)
     first, second = (score(server, **body).json() for _ in range(2))
     other = score(server, **{**body, "cache_salt": salt + "-other"}).json()
     query_tokens = len(httpx.post(server.url + "/v1/tokenize", json={"text": query}).json()["tokens"])
