@@ -32,6 +32,15 @@ def _doc(description: str, **schema: Any) -> msgspec.Meta:
     return msgspec.Meta(description=description, extra_json_schema=schema)
 
 
+MAX_CACHE_SALT_CHARS = 256
+# Every scoring request's `cache_salt` (handler.validation.cache_salt checks it)
+CacheSalt = Annotated[msgspec.Raw, _doc(
+    "Prefixes are shared through the prefix cache only between requests with the same salt (none: the unsalted "
+    "ones): one tenant's requests cannot find another's prompt cached.",
+    type=["string", "null"], minLength=1, maxLength=MAX_CACHE_SALT_CHARS,
+)]
+
+
 class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     query: Annotated[msgspec.Raw, _doc(
         "The context: text, or token IDs (then items must be token IDs too).",
@@ -71,11 +80,7 @@ class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     model: Annotated[msgspec.Raw, _doc(
         "The served model's id (GET /v1/models); omitted or null: the served model.", type=["string", "null"],
     )] = msgspec.UNSET
-    cache_salt: Annotated[msgspec.Raw, _doc(
-        "Prefixes are shared through the prefix cache only between requests with the same salt (none: the "
-        "unsalted ones): one tenant's requests cannot find another's prompt cached.",
-        type=["string", "null"], minLength=1, maxLength=256,
-    )] = msgspec.UNSET
+    cache_salt: CacheSalt = msgspec.UNSET
 
 
 class PromptTokensDetails(msgspec.Struct, frozen=True, kw_only=True):
@@ -134,11 +139,7 @@ class ClassifyRequest(msgspec.Struct, frozen=True, kw_only=True):
     rid: Annotated[msgspec.Raw, _doc("Accepted for compatibility; ignored.", type=["string", "null"])] = msgspec.UNSET
     priority: Annotated[msgspec.Raw, _doc("Accepted for compatibility; ignored.",
                                           type=["integer", "null"])] = msgspec.UNSET
-    cache_salt: Annotated[msgspec.Raw, _doc(
-        "Prefixes are shared through the prefix cache only between requests with the same salt (none: the "
-        "unsalted ones): one tenant's requests cannot find another's prompt cached.",
-        type=["string", "null"], minLength=1, maxLength=256,
-    )] = msgspec.UNSET
+    cache_salt: CacheSalt = msgspec.UNSET
 
 
 class ClassifyData(msgspec.Struct, frozen=True, kw_only=True):
@@ -180,11 +181,7 @@ class RerankRequest(msgspec.Struct, frozen=True, kw_only=True):
     model: Annotated[msgspec.Raw, _doc(
         "A reranker's id (GET /v1/models); omitted or null: the first one.", type=["string", "null"],
     )] = msgspec.UNSET
-    cache_salt: Annotated[msgspec.Raw, _doc(
-        "Prefixes are shared through the prefix cache only between requests with the same salt (none: the "
-        "unsalted ones): one tenant's requests cannot find another's prompt cached.",
-        type=["string", "null"], minLength=1, maxLength=256,
-    )] = msgspec.UNSET
+    cache_salt: CacheSalt = msgspec.UNSET
 
 
 class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -232,11 +229,7 @@ class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     model: Annotated[msgspec.Raw, _doc(
         "The served model's id (GET /v1/models); omitted or null: the served model.", type=["string", "null"],
     )] = msgspec.UNSET
-    cache_salt: Annotated[msgspec.Raw, _doc(
-        "Prefixes are shared through the prefix cache only between requests with the same salt (none: the "
-        "unsalted ones): one tenant's requests cannot find another's prompt cached.",
-        type=["string", "null"], minLength=1, maxLength=256,
-    )] = msgspec.UNSET
+    cache_salt: CacheSalt = msgspec.UNSET
 
 
 class CompletionLogprobs(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from handler.errors import ERRORS, ErrorSpec
-from handler.schemas import TokenizeRequest
+from handler.schemas import MAX_CACHE_SALT_CHARS, TokenizeRequest
 from runtime.interface import ScoringEngine
 from runtime.tasks.classifiers import adapter_heads
 
@@ -179,9 +179,6 @@ def decode_inputs(raw: msgspec.Raw, field: InputsField, vocab_size: int,
         for item in inputs:
             check_token_range(item, name, vocab_size)
     return inputs, is_list
-
-
-MAX_CACHE_SALT_CHARS = 256
 
 
 def cache_salt(raw: msgspec.Raw) -> str | None:

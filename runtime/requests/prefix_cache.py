@@ -55,23 +55,19 @@ def _seed(adapter: int, salt: str | None) -> bytes:
     return hashlib.blake2b(repr((adapter, salt)).encode(), digest_size=16).digest()
 
 
-def _chain(seed: bytes, tokens: Sequence[int], upto: int) -> list[tuple[int, bytes]]:
-    """(length, key) at every block boundary of tokens[:upto] (length a multiple of BLOCK, from BLOCK on)."""
-    keys, h = [], seed
-    array = np.asarray(tokens[:upto], np.int64)
-    for end in range(BLOCK, upto + 1, BLOCK):
+def _keys(tokens: Sequence[int], length: int, adapter: int, salt: str | None) -> list[tuple[int, bytes]]:
+    """(length, key) of every block boundary of tokens[:length], then of its exact length when that ends inside a
+    block: a hash chained over the blocks, from the seed; an exact length's key is its last boundary's and the rest,
+    marked apart from a boundary's."""
+    keys, h = [], _seed(adapter, salt)
+    array = np.asarray(tokens[:length], np.int64)
+    for end in range(BLOCK, length + 1, BLOCK):
         h = hashlib.blake2b(h + array[end - BLOCK:end].tobytes(), digest_size=16).digest()
         keys.append((end, h))
+    if length % BLOCK:
+        rest = array[len(keys) * BLOCK:].tobytes()
+        keys.append((length, hashlib.blake2b(b"tail" + h + rest, digest_size=16).digest()))
     return keys
-
-
-def _tail_key(seed: bytes, tokens: Sequence[int], length: int) -> bytes:
-    """The key of exactly tokens[:length] (a prefix that ends inside a block): the chain to its last boundary, then
-    the rest, marked apart from a boundary's."""
-    chain = _chain(seed, tokens, length)
-    h = chain[-1][1] if chain else seed
-    rest = np.asarray(tokens[len(chain) * BLOCK:length], np.int64)
-    return hashlib.blake2b(b"tail" + h + rest.tobytes(), digest_size=16).digest()
 
 
 class PrefixCache:
@@ -94,12 +90,13 @@ class PrefixCache:
              pending: bool = False, now: float | None = None) -> int:
         """How many of tokens[:limit] are cached (0: none), without counting or touching anything: admission's
         price. `pending`: also those a queued request will compute and keep (`expect`), as of `now`."""
-        found = self._find(tokens, limit, adapter, salt)
+        keys = _keys(tokens, limit, adapter, salt) if limit > 0 else []
+        found = self._find(keys)
         held = found[0] if found else 0
-        if pending and self._pending and limit > 0:
+        if pending and self._pending:
             now = time.monotonic() if now is None else now
             with self._lock:
-                for length, key in reversed(self._keys(tokens, limit, adapter, salt)):
+                for length, key in reversed(keys):
                     expected = self._pending.get(key)
                     if length <= held:
                         break
@@ -110,7 +107,7 @@ class PrefixCache:
     def expect(self, tokens: Sequence[int], length: int, adapter: int, salt: str | None, until: float) -> None:
         """A queued request will compute tokens[:length] and keep them: requests after it are priced as hits
         (`peek(pending=True)`) until it does, or until `until` (it may fail or be dropped)."""
-        keys = self._keys(tokens, length, adapter, salt)
+        keys = _keys(tokens, length, adapter, salt)
         with self._lock:
             for end, key in keys:
                 self._pending[key] = (end, max(until, self._pending.get(key, (0, 0.0))[1]))
@@ -120,7 +117,7 @@ class PrefixCache:
 
     def lookup(self, tokens: Sequence[int], limit: int, adapter: int = 0, salt: str | None = None) -> Hit | None:
         """The longest cached run of tokens[:limit], marked recently used and counted."""
-        found = self._find(tokens, limit, adapter, salt)
+        found = self._find(_keys(tokens, limit, adapter, salt) if limit > 0 else [])
         with self._lock:
             self.query_tokens += limit
             if found is None or found[1] not in self._entries:
@@ -131,12 +128,10 @@ class PrefixCache:
             self.hit_tokens += length
             return Hit(length, entry.kv, entry.context)
 
-    def _find(self, tokens: Sequence[int], limit: int, adapter: int, salt: str | None) -> tuple[int, int] | None:
-        if limit <= 0 or not self._entries:
-            return None
-        candidates = reversed(self._keys(tokens, limit, adapter, salt))  # the longest first
+    def _find(self, keys: list[tuple[int, bytes]]) -> tuple[int, int] | None:
+        """(length, entry) of the longest of `keys` held (_keys' order: the shortest first), or None."""
         with self._lock:
-            for length, key in candidates:
+            for length, key in reversed(keys):
                 holders = self._index.get(key)
                 if holders:
                     return length, next(reversed(holders))  # the newest entry that holds it
@@ -149,7 +144,7 @@ class PrefixCache:
         nbytes = int(sum(getattr(array, "nbytes", 0) for array in kv))
         if length <= 0:
             return False
-        keys = self._keys(tokens, length, adapter, salt)
+        keys = _keys(tokens, length, adapter, salt)
         with self._lock:
             for _, key in keys:
                 self._pending.pop(key, None)
@@ -165,13 +160,6 @@ class PrefixCache:
                 self._index.setdefault(key, {})[entry_id] = end
             self.bytes += nbytes
         return True
-
-    @staticmethod
-    def _keys(tokens: Sequence[int], length: int, adapter: int, salt: str | None) -> list[tuple[int, bytes]]:
-        """(length, key) of every block boundary of tokens[:length] and of its exact length."""
-        seed = _seed(adapter, salt)
-        chain = _chain(seed, tokens, length)
-        return chain + ([(length, _tail_key(seed, tokens, length))] if length % BLOCK else [])
 
     def _evict(self, entry_id: int) -> None:
         """Drop an entry and its keys (lock held); a device batch that reads it keeps its arrays alive."""
