@@ -53,6 +53,8 @@ _ENGINE_GAUGES = {
     "load": "Device seconds of work asked for per second over the last 30 s, refused work included (1: as much as "
             "the instance computes; above 1 it is overloaded): the autoscaling signal.",
     "max_wait_seconds": "SCOREFN_MAX_WAIT_S: a small request that would not be answered within it is refused.",
+    "round_budget_seconds": "Predicted device seconds one round holds (a quarter of SCOREFN_MAX_WAIT_S, at most "
+                            "SCOREFN_MAX_ROUND_S).",
     "service_seconds_per_batch": "Estimated fixed device seconds of one device batch (from the rounds run).",
     "service_tokens_per_second": "Estimated device throughput in padded tokens per second, by bucket kind "
                                  "(full, context, continuation, completion), once batches are large.",

@@ -36,9 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from loadtests.rss import RssSampler, slope_mb_per_min
-from runtime.requests.round_builder import round_budget
-from runtime.settings import load_settings
 from runtime.tools.serverproc import ServerProcess
 
 HERE = Path(__file__).resolve().parent
@@ -126,7 +126,16 @@ def describe(records: list[dict], seconds: float) -> dict[str, Any]:
                 [r.get("predicted_queue", math.nan) for r in records if r["status"] == 429], 50)}
 
 
-def summarize(data: dict[str, Any], max_wait_s: float, max_round_s: float) -> dict[str, Any]:
+def server_limits(url: str) -> tuple[float, float]:
+    """The server's SCOREFN_MAX_WAIT_S and round budget as it runs them (auto: from its calibration), from /metrics."""
+    values = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        name, _, value = line.partition(" ")
+        values[name] = value
+    return float(values["scorefn_engine_max_wait_seconds"]), float(values["scorefn_engine_round_budget_seconds"])
+
+
+def summarize(data: dict[str, Any], max_wait_s: float, round_budget_s: float) -> dict[str, Any]:
     records, bounds = data["records"], data["phases"]
     # One device round, as they ran: a one-item request is computed in a single round, its x-device-time.
     rounds = [r["device"] for r in records
@@ -134,7 +143,7 @@ def summarize(data: dict[str, Any], max_wait_s: float, max_round_s: float) -> di
     summary: dict[str, Any] = {"calibrated_rate_per_s": round(data["rate"], 2),
                                "rates": {k: round(v, 3) for k, v in data.get("rates", {}).items()},
                                "multiple": data["plan"]["multiple"], "max_wait_s": max_wait_s,
-                               "round_budget_s": round_budget(max_wait_s, max_round_s),
+                               "round_budget_s": round_budget_s,
                                "round_p99_s": percentile(rounds, 99),
                                "phases": {}}
     # The bound on the bounded requests' p99: SCOREFN_MAX_WAIT_S plus one device round.
@@ -343,8 +352,6 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace, server_env: dict[str, str], query_words: int) -> int:
     reports = args.reports_dir
-    server_settings = load_settings(environ={**os.environ, **server_env})
-    max_wait_s, max_round_s = server_settings.max_wait_s, server_settings.max_round_s
     print(f"starting scorefn serve ({'small' if args.small_buckets else 'configured'} buckets) ...", flush=True)
     started = time.monotonic()
     server = ServerProcess(env=server_env, log_path=reports / "server.log")
@@ -354,11 +361,12 @@ def run(args: argparse.Namespace, server_env: dict[str, str], query_words: int) 
           f"overload {args.open_loop:g}x for {args.duration:g} s, recovery {recovery:g}x for {args.recovery_s:g} s; "
           f"bulk client: {args.bulk_items} items", flush=True)
     try:
+        max_wait_s, round_budget_s = server_limits(server.url)
         with RssSampler(server.proc.pid, args.rss_interval) as sampler:
             data = run_locust(server.url, args, query_words)
     finally:
         exit_code = server.stop()
-    summary = summarize(data, max_wait_s, max_round_s)
+    summary = summarize(data, max_wait_s, round_budget_s)
     rss = sampler.samples
     summary["rss_mb"] = {"start": rss[0][1], "end": rss[-1][1], "max": max(m for _, m in rss),
                          "second_half_slope_mb_per_min": slope_mb_per_min(rss),

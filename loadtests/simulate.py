@@ -30,7 +30,7 @@ from runtime.requests.cost import KINDS, ServiceModel, plan_work
 from runtime.shapes.grid import GridLayout
 from runtime.requests.jobs import Job, TokenJob
 from runtime.requests.scheduler import Scheduler
-from runtime.settings import load_settings
+from runtime.requests.round_builder import ROUND_S
 
 MIX = (("score 1 item", 10), ("score 32 items", 2), ("rerank", 2), ("completions", 2))  # loadtests/openloop.py
 BOUNDED = ("score 1 item", "completions")  # small requests: answered within SCOREFN_MAX_WAIT_S plus a round
@@ -91,9 +91,10 @@ def capacity(plan: BucketPlan, device: Device) -> float:
 
 def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, bulk_items: int = 256, seed: int = 0,
              max_wait_s: float = 2.0, deadline_s: float = 30.0, plan: BucketPlan | None = None,
-             device: Device | None = None) -> tuple[list[dict[str, Any]], Scheduler]:
+             device: Device | None = None, max_round_s: float | None = ROUND_S[0]) -> tuple[list[dict[str, Any]], Scheduler]:
     """Records of every request sent (kind, sent, phase, status 200/429/503, latency of a 200) and the scheduler.
-    `multiple` for `seconds`, or phases: [(multiple, seconds), ...] one after another."""
+    `multiple` for `seconds`, or phases: [(multiple, seconds), ...] one after another. `max_round_s`: None for auto
+    (the seed model's price of a device batch decides)."""
     phases = [(multiple, seconds)] if isinstance(multiple, (int, float)) else list(multiple)
     seconds = sum(length for _, length in phases)
     plan, device = plan or small_bucket_plan(), device or Device()
@@ -101,8 +102,7 @@ def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, 
     now = [0.0]
     # As calibration might seed it: prices off, the lanes' overlap as measured.
     seed_model = ServiceModel(device.per_batch * 0.7, dict.fromkeys(KINDS, 1 / 700), device.lanes, device.overlap)
-    scheduler = Scheduler(seed_model, lambda job: plan_work(plan, [job], marginal=True), 256, max_wait_s,
-                          load_settings(environ={}).max_round_s,
+    scheduler = Scheduler(seed_model, lambda job: plan_work(plan, [job], marginal=True), 256, max_wait_s, max_round_s,
                           round_cost=lambda jobs: plan_work(plan, jobs), clock=lambda: now[0])
     events: list[tuple[float, int, str, Any]] = []
     counter = [0]

@@ -153,15 +153,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_queue", "256", int,
             "Most requests waiting for the device, a hard cap beside SCOREFN_MAX_WAIT_S; beyond it 429 "
             "rate_limit_exceeded."),
-    Setting("max_wait_s", "2", _positive_float,
+    Setting("max_wait_s", "auto", _auto(_positive_float),
             "Admission: a small request (its own device work within half of this) is refused (429 "
             "rate_limit_exceeded, Retry-After) when it would not be answered within this many seconds; under "
             "overload the instance keeps at most 4x this of work queued. A device round holds a quarter of it, at "
-            "most SCOREFN_MAX_ROUND_S."),
-    Setting("max_round_s", "0.3", _positive_float,
+            "most SCOREFN_MAX_ROUND_S. auto: 4 rounds (SCOREFN_MAX_ROUND_S's), at least 2."),
+    Setting("max_round_s", "auto", _auto(_positive_float),
             "The most predicted device seconds one round holds: a new small request waits for the round in flight, "
-            "so longer rounds delay its answer, and shorter ones split large requests into more slices. `scorefn "
-            "batch` in process sets 4 (nobody waits on its rounds)."),
+            "so longer rounds delay its answer, and shorter ones split large requests into more slices and pay "
+            "more device batches. auto: the start's price of 5 device batches, within 0.3 to 1. `scorefn batch` in "
+            "process sets 4 (nobody waits on its rounds)."),
     Setting("request_timeout_s", "30", float,
             "A request still queued after this many seconds is dropped with 503 (its work is not computed)."),
     Setting("api_keys", "", _csv_strs,
@@ -224,8 +225,8 @@ class Settings:
     max_total_tokens: int
     max_body_bytes: int
     max_queue: int
-    max_wait_s: float
-    max_round_s: float
+    max_wait_s: float | None  # None: auto (runtime.requests.round_builder.admission_limits)
+    max_round_s: float | None
     request_timeout_s: float
     api_keys: tuple[str, ...]
     drain_grace_s: float

@@ -67,7 +67,7 @@ def test_the_open_loop_verdict_judges_the_bounded_p99_by_its_counts() -> None:
     of a shared CPU) put the p99 over it but are not beyond doubt; ten of 80 are."""
     for slow, failed in ((0, False), (2, False), (10, True)):
         data = open_loop_records([3.0] * slow + [0.5] * (80 - slow))
-        summary = summarize(data, max_wait_s=2.0, max_round_s=0.3)
+        summary = summarize(data, max_wait_s=2.0, round_budget_s=0.3)
         assert summary["latency_bound_s"] == 2.3 and summary["phases"]["overload"]["bounded"]["over_bound"] == slow
         problems = open_loop_verdict(summary, data["records"], samples=20)
         assert any("took over SCOREFN_MAX_WAIT_S" in p for p in problems) == failed, problems

@@ -57,7 +57,7 @@ class LocalAnswerer:
     def __init__(self, settings: Settings, retry: RetryPolicy, engine: ScoringEngine | None = None) -> None:
         """`engine`: the one to use, unstarted (default: runtime.engine's, built from the settings)."""
         self.settings = settings.replace(max_wait_s=NO_DEADLINE_S, request_timeout_s=NO_DEADLINE_S,
-                                         max_round_s=max(settings.max_round_s, BATCH_ROUND_S))
+                                         max_round_s=max(settings.max_round_s or 0.0, BATCH_ROUND_S))
         self.core = ScoringCore(self.settings, engine or build_engine(self.settings))
         self._retry = retry
 

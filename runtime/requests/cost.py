@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from runtime.requests.jobs import Job, TokenJob, plan_context
+from runtime.requests.jobs import Context, Job, TokenJob, context_key, plan_context
 from runtime.shapes.buckets import BucketPlan, fit
 from runtime.shapes.layout import DeviceBatch
 
@@ -71,21 +71,30 @@ class Work:
 def plan_work(plan: BucketPlan, jobs: Sequence[Job | TokenJob], rope_length_limit: int | None = None,
               marginal: bool = False, cached: Callable[[Job, int], int] | None = None) -> Work:
     """The device work the scorer plans for these requests: device batches and padded tokens per kind (admission and
-    the service-time estimate count in it). `marginal`: rows that share device batches with other requests' rows
-    (full, completion) pay their share of a full batch, as on a busy device, not a batch of their own. `cached`: the
-    prefix cache's hits (runtime.requests.jobs.plan_context): a cached context is not computed."""
+    the service-time estimate count in it). Requests after one context (runtime.requests.jobs.context_key) read it
+    once, their items in common device batches. `marginal`: rows that share device batches with other requests'
+    rows (full, completion, and items after a cached context: a prompt that repeats) pay their share of a full
+    batch, as on a busy device, not a batch of their own. `cached`: the prefix cache's hits
+    (runtime.requests.jobs.plan_context): a cached context is not computed."""
     work, full_rows, token_rows = Work(), [], []
+    contexts: dict[tuple, tuple[Context, list[int]]] = {}  # context_key -> (the context, its rows' rests)
     for job in jobs:
         context = plan_context(plan, job, rope_length_limit, cached)
         if isinstance(job, TokenJob):
             token_rows += map(len, job.sequences)
         elif context.length:
-            rests = sorted((len(seq) - context.length for seq in job.sequences), reverse=True)
-            if not context.cached:
-                work += Work(batches=1, context=fit(plan.contexts(), context.length))
-            work += Work.of("continuation", plan.split_suffixes(rests))
+            rests = contexts.setdefault(context_key(job, context), (context, []))[1]
+            rests += (len(seq) - context.length for seq in job.sequences)
         else:
             full_rows += map(len, job.sequences)
+    def largest_continuation(length: int) -> int:
+        return plan.layout.continuation_rows(plan.limits, length)
+    for context, rests in contexts.values():
+        if not context.cached:
+            work += Work(batches=1, context=fit(plan.contexts(), context.length))
+        batches = plan.split_suffixes(sorted(rests, reverse=True))
+        work += Work.shared("continuation", batches, largest_continuation) if marginal and context.cached \
+            else Work.of("continuation", batches)
     for kind, batches, largest in (
             ("full", plan.split_full(full_rows), lambda length: plan.layout.full_rows(plan.limits, length)),
             ("completion", plan.split_completions(token_rows),

@@ -123,6 +123,12 @@ class Context:
     keep: bool = False
 
 
+def context_key(job: Job, context: Context) -> tuple:
+    """What rows scored after a context share: requests whose keys are equal read one context (computed once, or one
+    cache entry) in common device batches (the bits are a row's own: attention walks keys in fixed blocks)."""
+    return job.adapter, job.cache_salt, tuple(job.sequences[0][: context.length])
+
+
 def plan_context(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: int | None,
                  cached: Callable[[Job, int], int] | None = None) -> Context:
     """The cheapest way to score a job's rows (padded tokens plus a device batch's price): in full, after its shared

@@ -26,10 +26,28 @@ from runtime.requests.cost import Work
 from runtime.requests.slices import Entry, Round, Slice
 
 
+ROUND_BATCHES = 5  # an automatic round holds the fixed price of this many device batches ...
+ROUND_S = (0.3, 1.0)  # ... within these seconds
+MIN_WAIT_S = 2.0  # the least automatic SCOREFN_MAX_WAIT_S
+
+
 def round_budget(max_wait_s: float, max_round_s: float) -> float:
     """The predicted seconds of work a device round holds: a quarter of SCOREFN_MAX_WAIT_S, at most
     SCOREFN_MAX_ROUND_S."""
     return min(max_wait_s / 4, max_round_s)
+
+
+def admission_limits(max_wait_s: float | None, max_round_s: float | None, per_batch_s: float) -> tuple[float, float]:
+    """(SCOREFN_MAX_WAIT_S, SCOREFN_MAX_ROUND_S), each as set or, when auto (None), from this device's price of a
+    device batch (`per_batch_s`, the start's calibration): a round holds ROUND_BATCHES batches' fixed price (within
+    ROUND_S: fewer and a busy round pays its batches' price on few rows), the wait four rounds, at least MIN_WAIT_S.
+    A fast device keeps 0.3 s and 2 s; a slow CPU, whose batch alone costs ~0.15-0.25 s (a 2-core AVX2 EPYC),
+    gets rounds that hold a burst's rows and a wait that covers them (docs/how-it-works/admission.md)."""
+    if max_round_s is None:
+        max_round_s = min(max(ROUND_BATCHES * per_batch_s, ROUND_S[0]), ROUND_S[1])
+    if max_wait_s is None:
+        max_wait_s = max(MIN_WAIT_S, 4 * max_round_s)
+    return max_wait_s, max_round_s
 
 
 class RoundBuilder:

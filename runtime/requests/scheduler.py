@@ -18,21 +18,23 @@ from typing import Any, Callable
 from runtime.requests.admission import AdmissionControl
 from runtime.requests.backlog import Backlog
 from runtime.requests.cost import ServiceModel, Work
-from runtime.requests.round_builder import RoundBuilder, round_budget
+from runtime.requests.round_builder import RoundBuilder, admission_limits, round_budget
 from runtime.requests.slices import Entry, Round
 
 
 class Scheduler:
     """What the engine calls: admission on the request threads, rounds on the device thread, and the life cycle."""
 
-    def __init__(self, model: ServiceModel, cost: Callable[[Any], Work], max_queue: int, max_wait_s: float,
-                 max_round_s: float, round_cost: Callable[[list], Work] | None = None,
+    def __init__(self, model: ServiceModel, cost: Callable[[Any], Work], max_queue: int, max_wait_s: float | None,
+                 max_round_s: float | None, round_cost: Callable[[list], Work] | None = None,
                  clock: Callable[[], float] = time.monotonic, slice_rows: Callable[[Any], int] | None = None,
                  admitted: Callable[[Any, float], None] | None = None) -> None:
         """`cost(job)`: a request's device work on a busy device (what it adds to a round); `round_cost(jobs)`: the
         work of a round as the scorer plans it (default: the sum of its slices'); `slice_rows(job)`: the fewest of
-        its rows worth a slice (default 1); `admitted(job, until)`: told of each request queued (AdmissionControl)."""
+        its rows worth a slice (default 1); `admitted(job, until)`: told of each request queued (AdmissionControl).
+        `max_wait_s`, `max_round_s`: None for auto, from the model's price of a device batch (admission_limits)."""
         self.backlog = Backlog(model, clock)
+        max_wait_s, max_round_s = admission_limits(max_wait_s, max_round_s, model.per_batch)
         self.round_s = round_budget(max_wait_s, max_round_s)
         alone = None if round_cost is None else (lambda job: round_cost([job]))
         self.admission = AdmissionControl(self.backlog, cost, max_queue, max_wait_s, self.round_s, slice_rows, alone,
@@ -84,4 +86,5 @@ class Scheduler:
                     "predicted_wait_seconds": admission.wait_s(0.0),
                     "backlog_seconds": backlog.seconds(), "packing": backlog.packing,
                     "load": admission.load(), "max_wait_seconds": admission.max_wait_s,
+                    "round_budget_seconds": self.round_s,
                     "admitted": admission.admitted, **{f"refused_{reason}": n for reason, n in self.refused.items()}}

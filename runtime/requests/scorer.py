@@ -22,7 +22,7 @@ import numpy as np
 
 from runtime.interface import Sampling, TokenLogprobs
 from runtime.requests.cost import Work, plan_work, shared_slice_rows
-from runtime.requests.jobs import Context, Job, TokenJob, plan_context
+from runtime.requests.jobs import Context, Job, TokenJob, context_key, plan_context
 from runtime.requests.launch import Entries, Launched, Launcher, Run
 from runtime.requests.prefix_cache import Hit, PrefixCache
 from runtime.requests.rounds import RoundScorer
@@ -146,25 +146,26 @@ class Scorer(RoundScorer):
         full_rows: list[Row] = []
         token_rows: list[Row] = []
         cached_tokens = [0] * len(jobs)
-        hits: dict[tuple, tuple[Hit, list[Row]]] = {}  # requests after one cached context share device batches
+        contexts: dict[tuple, tuple[Context, list[Row]]] = {}  # requests after one context read it once
         for j, job in enumerate(jobs):
             targets = getattr(job, "targets", None) or [None] * len(job.sequences)
             rows = [Row(j, i, seq, target) for i, (seq, target) in enumerate(zip(job.sequences, targets))]
             if isinstance(job, TokenJob):
                 token_rows += rows
             elif (context := self._context(job)).length:
-                hit = self.prefix_cache.lookup(rows[0].tokens, context.length, job.adapter, job.cache_salt) \
-                    if context.cached else None
-                if hit is not None and hit.length == context.length:  # else evicted since planned: computed again
-                    hits.setdefault((id(hit.kv[0]), hit.length), (hit, []))[1].extend(rows)
-                    cached_tokens[j] = hit.length * len(rows)
-                else:
-                    launched += self._dispatch_after_prefix(rows, jobs, context.length, keep=context.keep or
-                                                            context.cached)
+                contexts.setdefault(context_key(job, context), (context, []))[1].extend(rows)
             else:
                 full_rows += rows
-        for hit, rows in hits.values():
-            launched += self._dispatch_after_prefix(rows, jobs, hit.length, hit=hit)
+        for context, rows in contexts.values():
+            job = jobs[rows[0].job]
+            hit = self.prefix_cache.lookup(rows[0].tokens, context.length, job.adapter, job.cache_salt) \
+                if context.cached else None
+            if hit is not None and hit.length == context.length:  # else evicted since planned: computed again
+                for row in rows:
+                    cached_tokens[row.job] += hit.length
+                launched += self._dispatch_after_prefix(rows, jobs, hit.length, hit=hit)
+            else:
+                launched += self._dispatch_after_prefix(rows, jobs, context.length, keep=context.keep or context.cached)
         launched += self._dispatch_full(full_rows, jobs)
         launched += self._dispatch_tokens(token_rows, jobs)
         return Dispatched(jobs, launched, cached_tokens)

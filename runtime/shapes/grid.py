@@ -44,6 +44,9 @@ class GridLayout(BucketLayout):
     def full_rows(self, limits: PlanLimits, length: int) -> int:
         return limits.batch_for(length, self.batches)
 
+    def continuation_rows(self, limits: PlanLimits, length: int) -> int:
+        return limits.batch_for(length, self.suffix_batches)
+
     def problems(self, limits: PlanLimits, data: int) -> list[str]:
         checks = [("SCOREFN_BATCH_BUCKETS", sorted({b for b, _ in self.full_buckets(limits)}))]
         if limits.prefix_sharing:

@@ -102,6 +102,10 @@ class BucketLayout:
         """Rows of the largest device batch of whole sequences at this row width (what a busy device runs)."""
         raise NotImplementedError
 
+    def continuation_rows(self, limits: PlanLimits, length: int) -> int:
+        """Rows of the largest device batch of items of this width after a shared prefix (what a busy device runs)."""
+        raise NotImplementedError
+
     def problems(self, limits: PlanLimits, data: int) -> list[str]:
         """Why this layout's device batches would not split over `data` devices (empty: they do)."""
         raise NotImplementedError

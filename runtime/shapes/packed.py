@@ -68,6 +68,9 @@ class PackedLayout(BucketLayout):
         """Rows of the largest device batch at this width (what a busy device runs)."""
         return self.rows[-1] if length <= self.width else self.wide_rows[-1]
 
+    def continuation_rows(self, limits: PlanLimits, length: int) -> int:
+        return self.rows[-1]
+
     def for_data_axis(self, data: int) -> "PackedLayout":
         """Row counts and slots that split over `data` devices (every device batch is split by rows); no
         one-row shapes then."""

@@ -135,13 +135,16 @@ def test_cloud_run_concurrency_is_what_an_instance_answers_within_the_wait_budge
     assert default(cloudrun, "max_instance_request_concurrency") is None
     derived = min(1000, max(1, math.ceil(default(cloudrun, "requests_per_second") * default(cloudrun, "max_wait_s"))))
     from runtime.assembly.platform import DEFAULT_BUCKETS
+    from runtime.requests.round_builder import MIN_WAIT_S, admission_limits
 
     largest_batch = max(DEFAULT_BUCKETS["accelerator"][0])  # Cloud Run runs the GPU image: the accelerator buckets
     assert derived >= largest_batch, "room to fill a device batch"
     # The instance admits by the same budget the concurrency is derived from, the setting's default unless changed.
     env = {e["name"]: e["value"] for e in scorefn_container(cloudrun)["env"]}
     assert env["SCOREFN_MAX_WAIT_S"] == "${tostring(var.max_wait_s)}"
-    assert default(cloudrun, "max_wait_s") == float(settings_defaults["max_wait_s"])
+    # The setting's auto on a GPU, whose device batch costs far less than a round (runtime.requests.round_builder)
+    assert settings_defaults["max_wait_s"] == "auto"
+    assert default(cloudrun, "max_wait_s") == admission_limits(None, None, per_batch_s=0.01)[0] == MIN_WAIT_S
 
 
 def test_cloud_run_weights_volume_is_read_only_and_sets_the_model(cloudrun: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ import dataclasses
 
 from runtime.requests.cost import KINDS, ServiceModel, Work
 from runtime.requests.scheduler import Scheduler
-from runtime.settings import load_settings
+from runtime.requests.round_builder import ROUND_S
 
 SECONDS_PER_TOKEN = dict.fromkeys(KINDS, 1 / 1024)  # binary fractions: exact sums
 
@@ -42,8 +42,8 @@ class Clock:
 def scheduler(cost=full_cost, max_wait_s: float = 2.0, max_queue: int = 256, per_batch: float = 0.0
               ) -> tuple[Scheduler, Clock]:
     clock = Clock()
-    return Scheduler(ServiceModel(per_batch, SECONDS_PER_TOKEN), cost, max_queue, max_wait_s,
-                     load_settings(environ={}).max_round_s, clock=clock), clock
+    return Scheduler(ServiceModel(per_batch, SECONDS_PER_TOKEN), cost, max_queue, max_wait_s, ROUND_S[0],
+                     clock=clock), clock
 
 
 def run(s: Scheduler, clock: Clock) -> list[tuple[str | None, int, int]]:

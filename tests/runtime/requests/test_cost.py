@@ -28,6 +28,21 @@ def test_the_work_of_requests_as_the_plan_splits_them():
     assert shared_slice_rows(PLAN, shared) == 4 and shared_slice_rows(PLAN, full) == 1
 
 
+def test_requests_after_one_context_read_it_once_in_common_device_batches():
+    query = list(range(100, 120))
+    first, second = (Job([query + [j, i] for j in range(3)], [0]) for i in range(2))
+    # one 20-token context, six two-token items in two batches of 4; alone, each computes it
+    assert plan_work(PLAN, [first, second]) == Work(batches=3, context=32, continuation=2 * 4 * 8)
+    assert plan_work(PLAN, [first]) == Work(batches=2, context=32, continuation=4 * 8)
+    other_salt = Job(second.sequences, [0], cache_salt="b")
+    assert plan_work(PLAN, [first, other_salt]) == Work(batches=4, context=2 * 32, continuation=2 * 4 * 8)
+    # after a cached context, on a busy device, the items pay their share of the largest batch (4 rows)
+    def cached(job, limit):
+        return 20
+    assert plan_work(PLAN, [first], cached=cached) == Work(batches=1, continuation=4 * 8)
+    assert plan_work(PLAN, [first], marginal=True, cached=cached) == Work(batches=3 / 4, continuation=3 * 8)
+
+
 TRUE_PRICES = {"full": 1.5e-3, "context": 1e-3, "continuation": 2e-3, "completion": 2e-3}
 ROUNDS = [Work(batches=1, full=32), Work(batches=4, full=2048), Work(batches=2, context=512, continuation=256),
           Work(batches=1, completion=256), Work(batches=3, full=256, continuation=1024)]

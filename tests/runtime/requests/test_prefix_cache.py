@@ -148,6 +148,32 @@ def test_requests_after_one_cached_prompt_share_its_device_batches(scorers):
         assert np.array_equal(ours, plain.score([text], [0, 5, 127]))
 
 
+def test_requests_after_one_prompt_in_one_round_compute_it_once(scorers):
+    """With a cache or without: requests of one round with one query (or prompt) compute it once, their items in
+    common device batches, with each request's own bits."""
+    for scorer in scorers:
+        if scorer.prefix_cache is not None:
+            scorer.prefix_cache.clear()
+        query = tokens(13, 150)
+        jobs = [Job([query + tokens(30 + i, 3), query + tokens(40 + i, 5)], (0, 5, 127)) for i in range(2)]
+        assert scorer.cost(jobs).context == scorer.cost(jobs[:1]).context > 0  # one context computed
+        before = scorer.prefix_batches
+        results = scorer.collect(scorer.dispatch(jobs))
+        assert scorer.prefix_batches - before == 1  # four items in one device batch of four
+        for job, ours in zip(jobs, results):
+            assert np.array_equal(ours, scorers[0].score(job.sequences, [0, 5, 127]))
+
+
+def test_items_after_a_cached_prompt_pay_their_share_of_a_device_batch_on_a_busy_device(scorers):
+    _, cached = scorers
+    cached.prefix_cache.clear()
+    prompt = tokens(14, 280)
+    scored(cached, [prompt + tokens(50, 12)])
+    job = Job([prompt + tokens(51, 12)], (0,))
+    share, alone = cached.cost([job], marginal=True), cached.cost([job])
+    assert share.batches == 1 / 4 and alone.batches == 1 and share.context == alone.context == 0
+
+
 def test_requests_after_one_that_will_compute_their_prompt_are_priced_as_hits_on_a_busy_device(scorers):
     """A burst of requests with one prompt: the first computes it, the others are priced by what they add once it is
     cached (their share of a busy device); alone, each would compute it (its own work, what admission promises)."""

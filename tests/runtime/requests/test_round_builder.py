@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from runtime.interface import DeadlineExceeded
+from runtime.requests.round_builder import MIN_WAIT_S, ROUND_BATCHES, ROUND_S, admission_limits
 from tests.runtime.requests.stepped import job, run, scheduler, shared_cost
 
 
@@ -63,3 +66,12 @@ def test_a_slice_amortizes_its_shared_prefix_and_its_device_batch() -> None:
     priced, _ = scheduler(per_batch=0.25)  # a device batch costs as much as two rows of 128 tokens
     priced.admit(job(100, 128), None, "bulk")
     assert priced.rounds._smallest(priced.backlog.queue[0]) == 4  # so a slice holds at least 4 rows: the batch adds at most half
+
+
+def test_automatic_limits_give_a_round_the_price_of_a_few_device_batches():
+    """SCOREFN_MAX_WAIT_S and SCOREFN_MAX_ROUND_S auto: from the start's price of a device batch; as set otherwise."""
+    assert admission_limits(None, None, per_batch_s=0.01) == (MIN_WAIT_S, ROUND_S[0])  # a GPU: 2 s and 0.3 s
+    wait, round_ = admission_limits(None, None, per_batch_s=0.15)  # a 2-core AVX2 EPYC's batch: ~0.15-0.25 s
+    assert round_ == pytest.approx(ROUND_BATCHES * 0.15) and wait == pytest.approx(4 * round_)
+    assert admission_limits(None, None, per_batch_s=5.0) == (4 * ROUND_S[1], ROUND_S[1])
+    assert admission_limits(1.0, None, per_batch_s=0.15)[0] == 1.0 and admission_limits(None, 0.5, 9.0) == (2.0, 0.5)

@@ -10,11 +10,11 @@ from random import Random
 
 from loadtests.simulate import MIX, Device, request, simulate, small_bucket_plan, summarize
 from runtime.requests.cost import plan_work
-from runtime.requests.round_builder import round_budget
-from runtime.settings import load_settings
+from runtime.requests.round_builder import ROUND_S as AUTO_ROUND_S, round_budget
 
 MAX_WAIT_S = 2.0
-ROUND_S = round_budget(MAX_WAIT_S, load_settings(environ={}).max_round_s)
+MAX_ROUND_S = AUTO_ROUND_S[0]  # simulate()'s (a fast device's automatic one)
+ROUND_S = round_budget(MAX_WAIT_S, MAX_ROUND_S)
 # One batch at a time; and a CPU's two launcher threads (runtime.requests.launch), two batches in 0.85 of their serial
 # seconds, one alone in all of its own (0.85-0.98 measured by workload, AMD EPYC Zen 4). Priced as one lane, the
 # latter left 32-item requests queued past their deadline at 0.7x (7 refused over 12 runs of 300 s, 2026-11-29).
