@@ -91,7 +91,8 @@ def capacity(plan: BucketPlan, device: Device) -> float:
 
 def simulate(multiple: float | list[tuple[float, float]], seconds: float = 0.0, bulk_items: int = 256, seed: int = 0,
              max_wait_s: float = 2.0, deadline_s: float = 30.0, plan: BucketPlan | None = None,
-             device: Device | None = None, max_round_s: float | None = ROUND_S[0]) -> tuple[list[dict[str, Any]], Scheduler]:
+             device: Device | None = None, max_round_s: float | None = ROUND_S[0]
+             ) -> tuple[list[dict[str, Any]], Scheduler]:
     """Records of every request sent (kind, sent, phase, status 200/429/503, latency of a 200) and the scheduler.
     `multiple` for `seconds`, or phases: [(multiple, seconds), ...] one after another. `max_round_s`: None for auto
     (the seed model's price of a device batch decides)."""
