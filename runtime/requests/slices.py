@@ -38,6 +38,7 @@ class Entry:
     device_s: float = 0.0  # seconds of the rounds that carried its slices
     cached_tokens: int = 0  # of its rows' tokens, those the prefix cache held (the scorer's Dispatched says)
     trace: Any = None  # its spans while tracing is on (runtime.requests.spans.RequestTrace)
+    left_cache: tuple | None = None  # ((next_row, the model's rounds), predicted seconds left): Backlog.left_s's
 
     @property
     def rows(self) -> int:
