@@ -9,6 +9,7 @@ import pytest
 
 from runtime.engine import Engine
 from tests.runtime.conftest import random_sequences
+from tests.conftest import TEST_COMPILE_CACHE
 from tests.runtime.assembly.test_warmup import small_settings
 
 pytestmark = pytest.mark.slow
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.slow
 def engine(tiny_llama_dir, cache_dir, tmp_path_factory):
     # A wait budget this machine's device meets for all of a test's requests at once: these tests are about
     # coalescing, not admission (tests/runtime/requests/test_admission.py).
-    engine = Engine(small_settings(tiny_llama_dir, cache_dir, tmp_path_factory.mktemp("xla"),
+    # Its programs in the tests' user-level cache (nothing here counts compiles): a second run loads them.
+    engine = Engine(small_settings(tiny_llama_dir, cache_dir, TEST_COMPILE_CACHE,
                                    length_buckets=(32, 64), batch_buckets=(1, 4, 16), batch_wait_ms=50.0,
                                    max_labels=16, max_wait_s=600.0))
     engine.start()

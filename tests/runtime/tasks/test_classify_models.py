@@ -14,6 +14,7 @@ from handler.http import HttpRequest, PendingScore
 from runtime.engine import Engine
 from runtime.settings import load_settings
 from runtime.tasks.classifiers import BUILTIN_TOML
+from tests.conftest import TEST_COMPILE_CACHE
 from tests.runtime.model.test_label_tokens import torch_label_sums
 from tests.runtime.conftest import random_sequences, scorer_for, small_plan, tiny_checkpoint, tiny_served
 
@@ -86,8 +87,9 @@ def head_service(tmp_path_factory, cache_dir, embedded_dir):
     model_dir = tmp_path_factory.mktemp("qwen2_cls")
     model = tiny_served("qwen2_cls", model_dir, embedded_dir, num_labels=3, pad_token_id=0,
                         id2label={0: "negative", 1: "neutral", 2: "positive"})
-    settings = engine_settings(tmp_path_factory.mktemp("xla"), cache_dir, model=str(model_dir), length_buckets=(16, 32),
-                               prefix_sharing=False)
+    # engine_settings' cache under the tests' user-level one (nothing here counts compiles): a second run loads them
+    settings = engine_settings(TEST_COMPILE_CACHE.parent / "classify-engine", cache_dir, model=str(model_dir),
+                               length_buckets=(16, 32), prefix_sharing=False)
     engine = Engine(settings)
     engine.start()
     yield ScoringCore(settings, engine), model, engine
