@@ -88,6 +88,15 @@ def rows_of(path: str, body: dict) -> int:
     return len(body.get("choices", []))
 
 
+
+# The admission rule a 429's message names (runtime.requests.admission): what refused it, for the summary.
+REFUSALS = (("could not start within", "late"), ("past its deadline", "deadline"), ("work are queued", "backlog"),
+            ("is let in", "overload credit"), ("would wait", "wait"), ("already waiting", "queue"))
+
+
+def refusal_reason(message: str) -> str:
+    return next((reason for text, reason in REFUSALS if text in message), "other")
+
 class OpenLoop(FastHttpUser):
     concurrency = 1024  # connections: arrivals never wait for one another
     network_timeout = 600.0
@@ -119,7 +128,8 @@ class OpenLoop(FastHttpUser):
                 elif status == 429:
                     retry_after = response.headers.get("retry-after", "")
                     record["retry_after"] = int(retry_after) if retry_after.isdigit() else None
-                    code = response.json()["error"]["code"]
+                    error = response.json()["error"]
+                    code, record["refusal"] = error["code"], refusal_reason(error.get("message", ""))
                     if code != "rate_limit_exceeded" or not record["retry_after"]:
                         problem = f"429 {code} with Retry-After {retry_after!r}"
                 else:

@@ -27,6 +27,7 @@ stall of a shared CPU (a round that overran its prediction fivefold beside anoth
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -116,6 +117,7 @@ def describe(records: list[dict], seconds: float) -> dict[str, Any]:
             "answered_per_s": round(answered / seconds, 2) if seconds > 0 else 0.0,
             "answered_share": round(answered / len(records), 4) if records else 0.0,
             "refused_ratio": round(statuses.get("429", 0) / len(records), 4) if records else 0.0,
+            "refusals": dict(sorted(collections.Counter(r["refusal"] for r in records if "refusal" in r).items())),
             "p50_s": latency(records, 50), "p99_s": latency(records, 99), "max_s": latency(records, 100),
             # what admission predicted beside what happened (answered requests), and for the refused ones
             "predicted_queue_p50_s": percentile([r.get("predicted_queue", math.nan) for r in ok], 50),
@@ -332,7 +334,8 @@ def print_summary(summary: dict[str, Any]) -> None:
             print(f"    {name:16} sent {s['sent']:6d}  answered {s['statuses'].get('200', 0):6d} "
                   f"({s['answered_share']:6.1%})  refused {s['statuses'].get('429', 0):6d}  p50 {s['p50_s']:7.3f} s  "
                   f"p99 {s['p99_s']:7.3f} s  queue {s['queue_p50_s']:.3f} s (predicted {s['predicted_queue_p50_s']:.3f})"
-                  f"  device {s['device_p50_s']:.3f} s (predicted own {s['predicted_device_p50_s']:.3f})")
+                  f"  device {s['device_p50_s']:.3f} s (predicted own {s['predicted_device_p50_s']:.3f})"
+                  + (f"  refused by {s['refusals']}" if s.get("refusals") else ""))
     if "overloaded" in summary:
         o = summary["overloaded"]
         print(f"from {o['from_s']:.0f} s (the server said it was overloaded): sent {o['sent']}  answered "
