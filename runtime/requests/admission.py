@@ -156,8 +156,9 @@ class AdmissionControl:
         if own <= self.max_wait_s / 2:
             judged, why = own, f"its own work: {own:.1f} s"
             longest = self._longest_recent_small(own, share, now)
-            if load > 1.0:
-                # overloaded: judged as the longest small request of late, so every small kind is refused alike
+            if max(self._loads(now)) > 1.0:
+                # over capacity over either window (the long one notices an overload ~9 s late): judged as the
+                # longest small request of late, so every small kind is refused alike
                 wait, judged = max(wait, longest[1]), longest[0]
                 why = f"overloaded, each small request judged as the longest of late, {judged:.1f} s of work"
             if wait + judged > self.max_wait_s:
@@ -210,9 +211,12 @@ class AdmissionControl:
     def load(self, now: float | None = None) -> float:
         """The offered load: device seconds asked for per second (1: as much as the device computes), the smaller of
         its averages over LOAD_WINDOWS_S."""
+        return min(self._loads(now))
+
+    def _loads(self, now: float | None = None) -> list[float]:
+        """The offered load averaged over each of LOAD_WINDOWS_S."""
         elapsed = (self._clock() if now is None else now) - self._offered_at
-        return min(sum_ * math.exp(-elapsed / window) / window
-                   for sum_, window in zip(self._offered, self.LOAD_WINDOWS_S))
+        return [sum_ * math.exp(-elapsed / window) / window for sum_, window in zip(self._offered, self.LOAD_WINDOWS_S)]
 
     def wait_s(self, share: float) -> float:
         """Predicted seconds before a request of `share` seconds (its work on a busy device) starts, at the queued
