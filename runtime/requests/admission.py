@@ -155,11 +155,11 @@ class AdmissionControl:
         refusals = []  # (seconds over, reason, what the client is told): over is the wait to drain first
         if own <= self.max_wait_s / 2:
             judged, why = own, f"its own work: {own:.1f} s"
-            longest = self._longest_recent_small(own, share, now)
+            longest_own, longest_share = self._longest_recent_small(own, share, now)
             if max(self._loads(now)) > 1.0:
                 # over capacity over either window (the long one notices an overload ~9 s late): judged as the
                 # longest small request of late, so every small kind is refused alike
-                wait, judged = max(wait, longest[1]), longest[0]
+                wait, judged = max(wait, self.packed_wait_s(longest_share)), longest_own
                 why = f"overloaded, each small request judged as the longest of late, {judged:.1f} s of work"
             if wait + judged > self.max_wait_s:
                 refusals.append((wait + judged - self.max_wait_s, "wait", f"this request would wait {wait:.1f} s for "
@@ -243,14 +243,14 @@ class AdmissionControl:
 
     def _longest_recent_small(self, own: float, share: float, now: float) -> tuple[float, float]:
         """The longest small request of late, this one's (`own` seconds alone, `share` on a busy device) included:
-        (its own seconds, the wait of its share at what busy rounds cost). Of late: the longest asked for within the
+        (its own seconds, its share; this one's share where that is larger). Of late: the longest asked for within the
         long load window, a one-item request judged as the 32-item ones arriving beside it (judged by its own wait,
         the longest kind waits behind every other and was refused most: 25% answered at 4x against 48% of the
         one-item ones, simulated). Lock held."""
         recent_own, recent_share, at = self._longest_recent
         if now - at > max(self.LOAD_WINDOWS_S) or own >= recent_own:
             self._longest_recent = recent_own, recent_share, at = own, share, now
-        return recent_own, self.packed_wait_s(max(share, recent_share))
+        return recent_own, max(share, recent_share)
 
     def refuse_late(self, next_start: float) -> None:
         """Refuse (429, Retry-After) the small requests still queued that can no longer start before their
