@@ -91,6 +91,7 @@ class AdmissionControl:
         self._clock = backlog.clock
         self._offered = [0.0] * len(self.LOAD_WINDOWS_S)  # decayed sums of the work asked for (each request's up to
         self._offered_at = self._clock()  # max_wait) over each window
+        self._offered_small = 0.0  # the same over the short window, of the small requests alone
         self._refused_at: dict[int, float] = {}  # fingerprint -> when, for the requests refused within the long window
         self._longest_recent = (0.0, 0.0, -math.inf)  # the longest small request of late: own s, share s, when
         self._share = 1.0  # under overload, the credit of 1 / load each request adds: one is let in per whole one
@@ -127,9 +128,10 @@ class AdmissionControl:
                                 retry_after_s=self.backlog.in_flight_s() + self.round_s)
             now = self._clock()
             share = self.model.seconds(work)  # what it adds to a busy device: its place in the queue, its offer
+            own = self.model.seconds(alone)
             self._forget_refusals(now)
-            load = self._offer(now, 0.0 if key in self._refused_at else share)
-            entry.admission = Admission(self.model.seconds(alone), self.packed_wait_s(share), load)
+            load = self._offer(now, 0.0 if key in self._refused_at else share, small=own <= self.max_wait_s / 2)
+            entry.admission = Admission(own, self.packed_wait_s(share), load)
             try:
                 self._refuse_if_late(entry, now, share)
             except QueueFull:
@@ -156,9 +158,10 @@ class AdmissionControl:
         if own <= self.max_wait_s / 2:
             judged, why = own, f"its own work: {own:.1f} s"
             longest_own, longest_share = self._longest_recent_small(own, share, now)
-            if max(self._loads(now)) > 1.0:
-                # over capacity over either window (the long one notices an overload ~9 s late): judged as the
-                # longest small request of late, so every small kind is refused alike
+            if self._small_load(now) > 1.0:
+                # small requests alone ask for more than the device computes, now (the short window: the long one
+                # notices an overload ~9 s late; a bulk client filling the spare device time is no reason): judged
+                # as the longest small request of late, so every small kind is refused alike
                 wait, judged = max(wait, self.packed_wait_s(longest_share)), longest_own
                 why = f"overloaded, each small request judged as the longest of late, {judged:.1f} s of work"
             if wait + judged > self.max_wait_s:
@@ -201,9 +204,11 @@ class AdmissionControl:
         for key in expired:
             del self._refused_at[key]
 
-    def _offer(self, now: float, own: float) -> float:
+    def _offer(self, now: float, own: float, small: bool) -> float:
         """Count a request's work (up to max_wait) as asked for; returns the offered load (lock held)."""
-        self._offered = [sum_ * math.exp(-(now - self._offered_at) / window) + min(own, self.max_wait_s)
+        asked = min(own, self.max_wait_s)
+        self._offered_small = self._small_load(now) * min(self.LOAD_WINDOWS_S) + (asked if small else 0.0)
+        self._offered = [sum_ * math.exp(-(now - self._offered_at) / window) + asked
                          for sum_, window in zip(self._offered, self.LOAD_WINDOWS_S)]
         self._offered_at = now
         return self.load(now)
@@ -217,6 +222,11 @@ class AdmissionControl:
         """The offered load averaged over each of LOAD_WINDOWS_S."""
         elapsed = (self._clock() if now is None else now) - self._offered_at
         return [sum_ * math.exp(-elapsed / window) / window for sum_, window in zip(self._offered, self.LOAD_WINDOWS_S)]
+
+    def _small_load(self, now: float) -> float:
+        """The small requests' offered load over the short window."""
+        window = min(self.LOAD_WINDOWS_S)
+        return self._offered_small * math.exp(-(now - self._offered_at) / window) / window
 
     def wait_s(self, share: float) -> float:
         """Predicted seconds before a request of `share` seconds (its work on a busy device) starts, at the queued
