@@ -98,6 +98,11 @@ SETTINGS: tuple[Setting, ...] = (
             "start-up probe runs it; else xla."),
     Setting("layer_loop", "auto", _choice("auto", "scan", "unroll"),
             "Run the layers as one scanned body or unrolled (compiles several times slower). auto: scan."),
+    Setting("experts", "auto", _choice("auto", "routed", "all"),
+            "Mixture-of-experts models: routed (each token's top-k experts only, in fixed tiles of tokens per "
+            "expert) or all (every expert on every token, the unchosen weighted 0). auto: routed with batch "
+            "invariance (its bits hold either way; routed computes its active FLOPs), else per compiled shape "
+            "whichever computes fewer rows."),
     # 24: a short classification prompt (a 15-token query and an item of ~8) padded to 32 paid a third more tokens
     # than it has: one such item 59.7 -> 46.8 ms, 256 of them 2.48 -> 2.16 s (AMD EPYC Zen 4, 2026-11-28), for 8 more
     # programs.
@@ -206,6 +211,7 @@ class Settings:
     dtype: str  # auto | float32 | bfloat16 (runtime.assembly.platform resolves auto)
     attention: str  # auto | xla | cudnn | pallas
     layer_loop: str  # auto | scan | unroll
+    experts: str  # auto | routed | all
     length_buckets: tuple[int, ...]
     batch_buckets: tuple[int, ...] | None  # None: auto
     max_bucket_tokens: int | None

@@ -35,6 +35,9 @@ log = logging.getLogger("scorefn.runtime")
 ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33, 40, 48, 51, 56, 63, 64, 65, 80, 96, 128, 129, 192, 256, 512, 1024, 4096,
         16384)
 
+# Rows of an expert's tile the probe tries, fewest first (runtime.model.experts: fewer rows, less padding).
+TILES = (8, 16, 32, 64)
+
 Shape = tuple[int, int, str]  # (inner, outer, dtype): x [M, inner] @ w [inner, outer] in dtype, float32 accumulation
 
 
@@ -107,6 +110,43 @@ def floor(shapes: tuple[Shape, ...], cpu: str, record: Path | None = None) -> in
     if record is not None:
         _write(record, key, found)
     return found
+
+
+def tile_rows(shapes: tuple[Shape, ...], cpu: str, group: int, record: Path | None = None) -> int:
+    """The fewest rows of TILES with which `group` tiles multiplied at once, each by its own weights ([group, T,
+    inner] @ [group, inner, outer], runtime.model.experts), give every row the same bits wherever it sits among
+    them, for every one of `shapes`; else the last of TILES. Read from `record` when it holds the answer, else
+    measured (and written there)."""
+    key = _key((*shapes, ("tiles", group, TILES)), cpu)
+    recorded = _read(record).get(key) if record is not None else None
+    if recorded is not None:
+        return int(recorded)
+    found = next((tile for tile in TILES if _anywhere_alike(shapes, tile, group)), TILES[-1])
+    log.info("expert tiles: %d rows keep a row's bits wherever it sits among %d tiles", found, group)
+    if record is not None:
+        _write(record, key, found)
+    return found
+
+
+def _anywhere_alike(shapes: tuple[Shape, ...], tile: int, group: int) -> bool:
+    """Whether the rows of `group` tiles of `tile` rows, moved to other places (other tiles, other rows of a tile),
+    come out with the bits they had: the same weights in every tile, so that a moved row meets its own."""
+    rng = np.random.default_rng(1)
+    rows = group * tile
+    moves = sorted({1, tile - 1, tile, tile + 1, rows // 2} - {0, rows})
+
+    def moved(x, w):
+        at = lambda shift: jnp.roll(x, shift, axis=0).reshape(group, tile, -1)
+        out = lambda shift: jnp.roll(jnp.einsum("gti,gio->gto", at(shift), w, preferred_element_type=jnp.float32)
+                                     .reshape(rows, -1), -shift, axis=0)
+        return [out(shift) for shift in (0, *moves)]
+    for inner, outer, dtype in shapes:
+        x = jnp.asarray(rng.standard_normal((rows, inner)), dtype)
+        w = jnp.broadcast_to(jnp.asarray(rng.standard_normal((inner, outer)), dtype), (group, inner, outer))
+        first, *others = jax.device_get(jax.jit(moved)(x, w))
+        if not all(np.array_equal(first, other) for other in others):
+            return False
+    return True
 
 
 @functools.cache

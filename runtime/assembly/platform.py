@@ -20,6 +20,7 @@ import numpy as np
 
 from runtime.model import attention, invariant
 from runtime.model.config import ModelConfig
+from runtime.model.experts import TILES_PER_STEP
 from runtime.model.kernels import Kernels
 from runtime.assembly import bitclasses
 from runtime.requests import launch
@@ -40,6 +41,8 @@ DEFAULT_BUCKETS = {  # backend -> (batch buckets, suffix batch buckets, max toke
 # whatever the batch: XLA:GPU's GEMM for a row moved with the number of rows, five bit classes for 1..512 rows on an
 # H100); a single item pays a chunk.
 ACCELERATOR_STREAM_CHUNK = 512
+# A CPU's expert tiles without batch invariance: fewer rows pad less (docs/how-it-works/platform.md, SCOREFN_EXPERTS).
+CPU_EXPERT_TILE = 16
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head sizes that are multiples of 8 up to this (the probe checks)
 # CPU feature classes, best first: the flags (as /proc/cpuinfo names them) each needs, and the instruction set XLA:CPU
 # is capped at (XLA_FLAGS=--xla_cpu_max_isa) to compile executables that run on any host of the class. XLA:CPU
@@ -268,7 +271,7 @@ def resolve(settings: Settings, backend: str | None = None, data: int = 1, cpu: 
         "pallas" if accelerator and batch_invariant else
         "cudnn" if backend == "gpu" and dtype == "bfloat16" and not batch_invariant else "xla")
     attention = "pallas_tpu" if attention == "pallas" and backend == "tpu" else attention
-    kernels = Kernels(unroll=loop == "unroll", attention=attention,
+    kernels = Kernels(unroll=loop == "unroll", experts=settings.experts, attention=attention,
                       attention_dtype=attention_dtype(backend, dtype, attention),
                       matmul_precision="highest" if accelerator else None, batch_invariant=batch_invariant,
                       weight_bits=not accelerator,
@@ -298,22 +301,33 @@ def fit_to_matmuls(platform: Platform, shapes: dict[str, tuple[int, ...]], head_
     """A CPU's batch-invariant kernels sized by its matmuls' bit classes (runtime.assembly.bitclasses, measured once
     and kept in `record`) when compiling for the host's own class: their smallest matmuls get as many rows as the
     host's own keep one set of bits from, and the label head's tiles every count of rows that gives a row the bits
-    of a tile of TILE. Otherwise (`portable`: a set compiled for another CPU, `scorefn warmup --cpu-class`, or such
-    a set a start takes) runtime.model.invariant's MIN_ROWS and TILE, which every host measured so far keeps."""
+    of a tile of TILE, and routed experts' tiles the fewest rows that keep a row's bits wherever it sits among them.
+    Otherwise (`portable`: a set compiled for another CPU, `scorefn warmup --cpu-class`, or such a set a start
+    takes) runtime.model.invariant's MIN_ROWS and TILE, which every host measured so far keeps. Without batch
+    invariance, expert tiles of CPU_EXPERT_TILE rows."""
     kernels = platform.kernels
-    if platform.backend != "cpu" or not kernels.batch_invariant:
+    if platform.backend != "cpu":
         return platform
+    experts = tuple(sorted({(*shape[-2:], platform.dtype) for name, shape in shapes.items()
+                            if name.startswith("layers.experts_")}))
+    if not kernels.batch_invariant:  # the bits need not hold: the fewest rows that are still a real matmul
+        return dataclasses.replace(platform, kernels=dataclasses.replace(kernels, expert_tile=CPU_EXPERT_TILE)
+                                   ) if experts else platform
     host = host_cpu().feature_class  # its matmul kernels are picked by its features at run time
+    tile = invariant.MIN_ROWS
     if portable or (platform.cpu is not None and platform.cpu.feature_class != host):
         rows, head = invariant.MIN_ROWS, (invariant.TILE, invariant.TILE)
     else:
+        if experts:
+            tile = bitclasses.tile_rows(experts, host, TILES_PER_STEP, record)
         rows = bitclasses.floor(invariant.matmul_shapes(shapes, platform.dtype, kernels.attention_dtype, head_dim),
                                 host, record)
         vocab, hidden = shapes["embed"]
         # a tile's hidden states are the columns of the head's weight @ hidden.T (runtime.model.heads)
         head = bitclasses.span(((hidden, vocab, "float32"),), host, invariant.TILE, invariant.HEAD_TILES, record,
                                columns=True)
-    return dataclasses.replace(platform, kernels=dataclasses.replace(kernels, min_rows=rows, head_rows=head))
+    return dataclasses.replace(platform, kernels=dataclasses.replace(kernels, min_rows=rows, head_rows=head,
+                                                                      expert_tile=tile))
 
 
 def fit_to_model(platform: Platform, cfg: ModelConfig, max_length: int, explicit: bool,

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from runtime.model import attention, invariant
 from runtime.model.config import ModelConfig
 from runtime.model.kernels import Kernels
-from runtime.model.layers import dense, gated_mlp, project, rms_norm, rope_tables, rotate, routed_experts
+from runtime.model import experts
+from runtime.model.layers import dense, gated_mlp, project, rms_norm, rope_tables, rotate
 
 F32 = jnp.float32
 
@@ -124,11 +125,30 @@ class DecoderLayer:
         h = self._residual(h, out, p.get("attn_post_norm"), stream)
         x = self._norm(h, p["mlp_norm"], stream) if cfg.pre_norms else h
         if cfg.num_experts:
-            y = routed_experts(x, p, cfg.activation, cfg.experts_per_token, cfg.norm_topk_prob,
-                               route=invariant.tokenwise if stream else None)
+            y = self._experts(x, p, stream)
         else:
             y = gated_mlp(x, p, cfg.activation, lambda x, name: self._dense(x, p, name, lora))
         return self._residual(h, y, p.get("mlp_post_norm"), stream)
+
+    def _experts(self, x, p, stream: bool):
+        """The routed experts on x [B, T, D] (or the stream [1, M, D]) -> float32 of its shape. The stream's router
+        runs in fixed tiles of tokens; its experts always in the routed layout's tiles (Kernels.expert_tile: the bits
+        hold), unless SCOREFN_EXPERTS says all. Elsewhere the routed layout where it computes fewer rows than every
+        expert on every token (Kernels.experts: auto)."""
+        cfg = self.cfg
+        tokens = x.reshape(-1, x.shape[-1])
+        route = lambda t: experts.router_top_k(t, p["router"], cfg.experts_per_token, cfg.norm_topk_prob)
+        weights, chosen = invariant.tokenwise(route, tokens[None]) if stream else route(tokens)
+        if stream:
+            weights, chosen = weights[0], chosen[0]
+        tile = self.kernels.expert_tile
+        N, X, k = tokens.shape[0], cfg.num_experts, cfg.experts_per_token
+        choice = self.kernels.experts
+        if choice == "routed" or choice == "auto" and (stream or experts.routed_rows(N, X, k, tile) < N * X):
+            y = experts.mixture(tokens, weights, chosen, p, cfg.activation, tile)
+        else:
+            y = experts.all_experts(tokens, weights, chosen, p, cfg.activation)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def _dense(x, p, name: str, lora):

@@ -14,6 +14,7 @@ from runtime.model import invariant
 class Kernels:
     """How the layers run; runtime.assembly.platform picks these per platform from measurements."""
     unroll: bool = False  # unroll the layer loop instead of lax.scan
+    experts: str = "auto"  # routed experts: routed | all | auto (runtime.model.decoder_layer._experts)
     # jax.nn.dot_product_attention's xla | cudnn, or the batch-invariant kernels' pallas (GPU) | pallas_tpu (Mosaic)
     attention: str = "xla"
     attention_dtype: str = "float32"  # queries, keys and values of attention (and the shared-prefix KV)
@@ -26,6 +27,9 @@ class Kernels:
     # Batch-invariant kernels: the fewest rows of a matmul (the token stream's, an attention tile's), from which rows
     # have the same bits whatever their number (runtime.assembly.bitclasses measures it on the host).
     min_rows: int = invariant.MIN_ROWS
+    # Routed experts: the rows of each expert's tiles (runtime.model.experts); with batch invariance, as many as keep
+    # a row's bits wherever it sits among them (runtime.assembly.bitclasses.tile_rows measures it on the host).
+    expert_tile: int = invariant.MIN_ROWS
     # Accelerators: the stream's token-wise work (norms, projections, rotation, MLP) in a loop over fixed chunks of
     # this many tokens, each one compiled shape (a GPU picks a GEMM per shape: a row's bits moved with the batch's
     # rows); 0: the whole stream at once (a CPU: its matmuls' rows keep their bits from min_rows up).

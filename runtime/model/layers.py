@@ -1,6 +1,7 @@
-"""The decoder layer's parts as pure functions: projections, norms, rotary embedding, gated MLP, routed experts.
+"""The decoder layer's parts as pure functions: projections, norms, rotary embedding, gated MLP (routed experts:
+runtime.model.experts).
 
-Shapes: B batch, T tokens, D hidden, N heads, E head dim, R rotary dims (<= E), F MLP hidden, X experts.
+Shapes: B batch, T tokens, D hidden, N heads, E head dim, R rotary dims (<= E), F MLP hidden.
 """
 
 from __future__ import annotations
@@ -73,31 +74,3 @@ def gated_mlp(x: jax.Array, p: dict, activation: str, projection: Callable | Non
     run = projection or (lambda x, name: project(x, p, name))
     gate, up = run(x, "w_gate"), run(x, "w_up")
     return run(ACTIVATIONS[activation](gate) * up, "w_down")
-
-
-def routed_experts(x: jax.Array, p: dict, activation: str, top_k: int, normalize: bool,
-                   route: Callable | None = None) -> jax.Array:
-    """Qwen3-MoE's sparse block, computed densely: x [B, T, D] -> [B, T, D] float32.
-
-    The router as transformers computes it: softmax over the experts' logits in float32, the top-k probabilities
-    (renormalized to sum 1 when `normalize`), every other expert weighted 0. Every expert then runs on every token
-    and the weights mix their outputs: X / top_k times the FLOPs of routing (16x for Qwen3-30B-A3B's 128 experts,
-    top 8), in exchange for plain batched matmuls and no data-dependent shapes. The weights multiply the experts'
-    hidden activations before the down projection, so the [B, T, X, D] outputs are never materialized.
-    `route`: how router_weights runs over the tokens (default: at once)."""
-    weights = (route or (lambda f, x: f(x)))(lambda x: router_weights(x, p["router"], top_k, normalize), x)
-    w_gate, w_up, w_down = p["experts_gate"], p["experts_up"], p["experts_down"]  # [X, D, F], [X, D, F], [X, F, D]
-    xw = x.astype(w_gate.dtype)
-    gate = jnp.einsum("btd,xdf->btxf", xw, w_gate, preferred_element_type=F32)
-    up = jnp.einsum("btd,xdf->btxf", xw, w_up, preferred_element_type=F32)
-    hidden = ACTIVATIONS[activation](gate) * up * weights[..., None]  # [B, T, X, F]
-    return jnp.einsum("btxf,xfd->btd", hidden.astype(w_down.dtype), w_down, preferred_element_type=F32)
-
-
-def router_weights(x: jax.Array, router: jax.Array, top_k: int, normalize: bool) -> jax.Array:
-    """x [..., D] -> each expert's weight [..., X]: the top-k of the router's softmax, 0 for the others."""
-    probs = jax.nn.softmax(dense(x.astype(F32), router.astype(F32)), axis=-1)  # [..., X]
-    top, chosen = jax.lax.top_k(probs, top_k)  # [..., k]
-    if normalize:
-        top = top / jnp.sum(top, axis=-1, keepdims=True)
-    return jnp.sum(jax.nn.one_hot(chosen, probs.shape[-1], dtype=F32) * top[..., None], axis=-2)

@@ -91,3 +91,19 @@ def test_the_cpu_platform_sizes_its_invariant_kernels_by_the_host_and_portable_s
             invariant.MIN_ROWS
     off = platforms.resolve(load_settings(environ={"SCOREFN_BATCH_INVARIANT": "false"}), backend="cpu")
     assert platforms.fit_to_matmuls(off, shapes, cfg.head_dim, False, record) is off  # nothing to size
+
+
+def test_expert_tiles_are_the_fewest_rows_that_keep_a_rows_bits_wherever_it_sits(tmp_path):
+    """runtime.model.experts multiplies TILES_PER_STEP tiles at once, each by its expert: the probe's tile is one of
+    TILES, and with it a row moved to another tile or row comes out with its bits (test_experts.py checks the
+    layer); a start reads the answer from its record; without batch invariance a CPU takes CPU_EXPERT_TILE."""
+    from runtime.model.experts import TILES_PER_STEP
+
+    shapes = ((64, 96, "float32"), (96, 64, "float32"))
+    record = tmp_path / "bitclasses.json"
+    tile = bitclasses.tile_rows(shapes, "test", TILES_PER_STEP, record)
+    assert tile in bitclasses.TILES and bitclasses._anywhere_alike(shapes, tile, TILES_PER_STEP)
+    assert bitclasses.tile_rows(shapes, "test", TILES_PER_STEP, record) == tile and record.is_file()
+    moe = {"embed": (128, 64), "layers.experts_gate": (2, 4, 64, 96), "layers.experts_down": (2, 4, 96, 64)}
+    off = platforms.resolve(load_settings(environ={"SCOREFN_BATCH_INVARIANT": "false"}), backend="cpu")
+    assert platforms.fit_to_matmuls(off, moe, 16, False, record).kernels.expert_tile == platforms.CPU_EXPERT_TILE

@@ -1,0 +1,105 @@
+"""Routed experts (a mixture-of-experts block) at their active FLOPs, with the same bits whatever the batch.
+
+Each token goes to its top-k experts. The (token, expert) pairs are sorted by expert, each expert's pairs fill whole
+tiles of `tile` rows (its last tile padded with a zero row), and a loop runs every tile through its own expert's
+gate, up and down projections: one compiled matmul shape for every tile, whatever the batch. So a pair's result does
+not depend on which other tokens chose its expert, nor on where its tile lies, as long as `tile` is at least the
+host's row-bit threshold (Kernels.min_rows: from that many rows up a matmul row's bits do not depend on the number of
+rows or on the row's place, runtime.assembly.bitclasses). The router's weight multiplies the expert's hidden
+activations (a product, no sum: nothing for XLA:CPU to contract into an FMA); a token's k outputs are then added in
+its top-k order.
+
+The work is (pairs + at most one padded tile per expert) rows against the dense path's tokens x experts rows
+(`routed_rows`), so the dense path (every expert on every token, weighted 0 where not chosen) is kept only where it
+computes fewer rows and the bits need not hold (runtime.model.decoder_layer decides, per compiled shape).
+
+Shapes: N tokens, D hidden, X experts, F expert hidden, k experts per token, P = N * k pairs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from runtime.model.layers import ACTIVATIONS, dense
+
+F32 = jnp.float32
+# Tiles a step of the loop multiplies at once, each by its own expert's weights (one batched matmul): fewer, larger
+# matmuls than a tile a step (docs/how-it-works/platform.md, SCOREFN_EXPERTS).
+TILES_PER_STEP = 8
+
+
+def router_top_k(x: jax.Array, router: jax.Array, top_k: int, normalize: bool) -> tuple[jax.Array, jax.Array]:
+    """x [..., D] -> (weights, experts) [..., k]: the top-k of the router's softmax in float32 as transformers'
+    Qwen3-MoE, Mixtral and OLMoE compute it, renormalized to sum 1 when `normalize` (norm_topk_prob)."""
+    probs = jax.nn.softmax(dense(x.astype(F32), router.astype(F32)), axis=-1)  # [..., X]
+    top, chosen = jax.lax.top_k(probs, top_k)
+    if normalize:
+        top = top / jnp.sum(top, axis=-1, keepdims=True)
+    return top, chosen
+
+
+def routed_rows(tokens: int, experts: int, top_k: int, tile: int) -> int:
+    """Rows the routed layout computes for `tokens` tokens: their pairs in whole tiles, at most one part-filled tile
+    per expert (and never more tiles than the pairs could fill with one token per row)."""
+    return tile * tile_count(tokens, experts, top_k, tile)
+
+
+def tile_count(tokens: int, experts: int, top_k: int, tile: int) -> int:
+    pairs = tokens * top_k
+    return min(-(-pairs // tile) + min(experts, pairs), pairs)
+
+
+def mixture(x: jax.Array, weights: jax.Array, chosen: jax.Array, p: dict, activation: str, tile: int) -> jax.Array:
+    """The experts' outputs mixed by the router: x [N, D], weights/chosen [N, k] -> [N, D] float32."""
+    N, D = x.shape
+    k = chosen.shape[-1]
+    w_gate, w_up, w_down = p["experts_gate"], p["experts_up"], p["experts_down"]  # [X, D, F], [X, D, F], [X, F, D]
+    X = w_gate.shape[0]
+    steps = -(-tile_count(N, X, k, tile) // TILES_PER_STEP)
+    n_tiles = steps * TILES_PER_STEP
+    expert_of = chosen.reshape(N * k).astype(jnp.int32)
+    order = jnp.argsort(expert_of, stable=True)  # the pairs by expert, each expert's in token order
+    counts = jnp.bincount(expert_of, length=X)
+    tiles = -(-counts // tile)
+    ends = jnp.cumsum(tiles)  # each expert's tiles end here
+    first_pair = jnp.cumsum(counts) - counts
+    sorted_expert = expert_of[order]
+    slot = (ends - tiles)[sorted_expert] * tile + jnp.arange(N * k) - first_pair[sorted_expert]  # each sorted pair's row
+    # The tokens of the tiled rows (N: a zero row for the padding) and each tile's expert (the last for unused tiles)
+    token_at = jnp.full(n_tiles * tile, N, jnp.int32).at[slot].set((order // k).astype(jnp.int32))
+    weight_at = jnp.zeros(n_tiles * tile, F32).at[slot].set(weights.reshape(N * k).astype(F32)[order])
+    tile_expert = jnp.minimum(jnp.searchsorted(ends, jnp.arange(n_tiles), side="right"), X - 1)
+    padded = jnp.concatenate([x, jnp.zeros((1, D), x.dtype)]).astype(w_gate.dtype)
+    steps_in = (padded[token_at].reshape(steps, TILES_PER_STEP, tile, D),
+                weight_at.reshape(steps, TILES_PER_STEP, tile), tile_expert.reshape(steps, TILES_PER_STEP))
+
+    def step(i, out):  # TILES_PER_STEP tiles, each through its expert: [G, tile, D] -> [G, tile, D]
+        rows, weight, e = (jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in steps_in)
+        gate = jnp.einsum("gtd,gdf->gtf", rows, w_gate[e], preferred_element_type=F32)
+        up = jnp.einsum("gtd,gdf->gtf", rows, w_up[e], preferred_element_type=F32)
+        hidden = ACTIVATIONS[activation](gate) * up * weight[..., None]
+        result = jnp.einsum("gtf,gfd->gtd", hidden.astype(w_down.dtype), w_down[e], preferred_element_type=F32)
+        return jax.lax.dynamic_update_index_in_dim(out, result, i, 0)
+
+    # Only the steps that hold tiles: a trip count the data decides, so XLA keeps the loop whatever it is
+    used = -(-ends[-1] // TILES_PER_STEP)
+    out = jax.lax.fori_loop(0, used, step, jnp.zeros((steps, TILES_PER_STEP, tile, D), F32))
+    by_pair = out.reshape(n_tiles * tile, D)[jnp.zeros(N * k, jnp.int32).at[order].set(slot)].reshape(N, k, D)
+    total = by_pair[:, 0]
+    for j in range(1, k):  # in top-k order, one addition at a time
+        total = total + by_pair[:, j]
+    return total
+
+
+def all_experts(x: jax.Array, weights: jax.Array, chosen: jax.Array, p: dict, activation: str) -> jax.Array:
+    """Every expert on every token, weighted 0 where not chosen (plain batched matmuls, no data-dependent gathers):
+    x [N, D] -> [N, D] float32. The weights multiply the hidden activations before the down projection, so the
+    [N, X, D] outputs are never materialized."""
+    w_gate, w_up, w_down = p["experts_gate"], p["experts_up"], p["experts_down"]
+    mix = jnp.sum(jax.nn.one_hot(chosen, w_gate.shape[0], dtype=F32) * weights[..., None].astype(F32), axis=-2)
+    xw = x.astype(w_gate.dtype)
+    gate = jnp.einsum("nd,xdf->nxf", xw, w_gate, preferred_element_type=F32)
+    up = jnp.einsum("nd,xdf->nxf", xw, w_up, preferred_element_type=F32)
+    hidden = ACTIVATIONS[activation](gate) * up * mix[..., None]
+    return jnp.einsum("nxf,xfd->nd", hidden.astype(w_down.dtype), w_down, preferred_element_type=F32)
