@@ -29,6 +29,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen2ForCausalLM": ("qwen2", "causal_lm"),
     "Qwen3ForCausalLM": ("qwen3", "causal_lm"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "causal_lm"),
+    "MixtralForCausalLM": ("mixtral", "causal_lm"),
+    "OlmoeForCausalLM": ("olmoe", "causal_lm"),
     "GemmaForCausalLM": ("gemma", "causal_lm"),
     "Gemma2ForCausalLM": ("gemma2", "causal_lm"),
     "Gemma3ForCausalLM": ("gemma3", "causal_lm"),
@@ -61,14 +63,19 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                 "attention_multiplier": 1.0},
     "qwen3_moe": {"num_experts_per_tok": 8, "norm_topk_prob": False,
                   "moe_intermediate_size": 768, "decoder_sparse_step": 1},
+    # Mixtral's and OLMoE's experts are intermediate_size wide; Mixtral always renormalizes its top-k.
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5},
+    "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "rms_norm_eps": 1e-5},
 }
+MOE = ("qwen3_moe", "mixtral", "olmoe")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     architecture: str
-    family: str  # llama | mistral | qwen2 | qwen3 | qwen3_moe | gemma | gemma2 | gemma3 | phi3 | granite | olmo2
+    family: str  # llama | mistral | qwen2 | qwen3 | qwen3_moe | mixtral | olmoe | gemma | gemma2 | gemma3 | phi3 |
+    # granite | olmo2
     task: str  # causal_lm | sequence_classification
     vocab_size: int
     hidden_size: int
@@ -179,7 +186,7 @@ def _sliding(raw: dict[str, Any], family: str, arch: str, layers: int) -> tuple[
     if family in ("qwen2", "qwen3", "qwen3_moe"):
         _refuse(bool(raw.get("use_sliding_window")), arch, "use_sliding_window=true is not supported")
         return None, None
-    if family in ("mistral", "phi3"):
+    if family in ("mistral", "phi3", "mixtral"):
         window = raw.get("sliding_window")
         return (int(window) if window else None), None
     if family not in ("gemma2", "gemma3"):
@@ -220,7 +227,8 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
         rope, local_rope = _ropes(raw, family, arch, head_dim)
         window, sliding_layers = _sliding(raw, family, arch, layers)
         # Qwen3MoeConfig saves num_experts as num_local_experts (its attribute map); its default is 128.
-        experts = int(raw.get("num_experts", raw.get("num_local_experts", 128))) if family == "qwen3_moe" else 0
+        experts = int(raw.get("num_experts", raw.get("num_local_experts", 128))) if family in MOE else 0
+        _refuse(family == "olmoe" and raw.get("clip_qkv") is not None, arch, "clip_qkv is not supported")
         if family == "qwen3_moe":
             dense = raw.get("mlp_only_layers") or []
             step = int(raw.get("decoder_sparse_step") or 1)
@@ -245,7 +253,8 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=family == "qwen2" or attention_bias, o_bias=attention_bias and family != "qwen2",
             mlp_bias=bool(raw.get("mlp_bias", False)) and family in ("llama", "granite"),
-            qk_norm={"qwen3": "head", "qwen3_moe": "head", "gemma3": "head", "olmo2": "projection"}.get(family),
+            qk_norm={"qwen3": "head", "qwen3_moe": "head", "gemma3": "head", "olmo2": "projection",
+                     "olmoe": "projection"}.get(family),
             sliding_window=window, sliding_layers=sliding_layers,
             max_position_embeddings=int(raw.get("max_position_embeddings") or 2048),
             num_labels=num_labels, id2label=id2label,
@@ -264,8 +273,9 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             attention_softcap=_cap(raw.get("attn_logit_softcapping")) if family == "gemma2" else None,
             final_softcap=_cap(raw.get("final_logit_softcapping")) if family in ("gemma2", "gemma3") else None,
             num_experts=experts, experts_per_token=int(raw["num_experts_per_tok"]) if experts else 0,
-            moe_intermediate_size=int(raw["moe_intermediate_size"]) if experts else 0,
-            norm_topk_prob=bool(raw.get("norm_topk_prob")) if experts else False,
+            moe_intermediate_size=int(raw["moe_intermediate_size" if family == "qwen3_moe" else "intermediate_size"])
+            if experts else 0,
+            norm_topk_prob=(family == "mixtral" or bool(raw.get("norm_topk_prob"))) if experts else False,
         )
     except KeyError as exc:
         raise ModelConfigError(f"{arch}: config.json lacks required field {exc.args[0]!r}") from exc

@@ -105,11 +105,13 @@ def declare(cfg: ModelConfig) -> dict[str, ParamInfo]:
     stacked("wo", (q_out, D), (HEADS, EMBED), None, linear(f"{layer}self_attn.o_proj.weight"), lora=True)
     if cfg.num_experts:
         X, Fm = cfg.num_experts, cfg.moe_intermediate_size
-        expert = layer + "mlp.experts.{expert}."
-        stacked("router", (D, X), (EMBED, EXPERTS), EXACT, linear(f"{layer}mlp.gate.weight"))
-        stacked("experts_gate", (X, D, Fm), (EXPERTS, EMBED, MLP), None, linear(f"{expert}gate_proj.weight"))
-        stacked("experts_up", (X, D, Fm), (EXPERTS, EMBED, MLP), None, linear(f"{expert}up_proj.weight"))
-        stacked("experts_down", (X, Fm, D), (EXPERTS, MLP, EMBED), None, linear(f"{expert}down_proj.weight"))
+        block = layer + ("block_sparse_moe." if cfg.family == "mixtral" else "mlp.")
+        gate, up, down = ("w1", "w3", "w2") if cfg.family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        expert = block + "experts.{expert}."
+        stacked("router", (D, X), (EMBED, EXPERTS), EXACT, linear(f"{block}gate.weight"))
+        stacked("experts_gate", (X, D, Fm), (EXPERTS, EMBED, MLP), None, linear(f"{expert}{gate}.weight"))
+        stacked("experts_up", (X, D, Fm), (EXPERTS, EMBED, MLP), None, linear(f"{expert}{up}.weight"))
+        stacked("experts_down", (X, Fm, D), (EXPERTS, MLP, EMBED), None, linear(f"{expert}{down}.weight"))
     else:
         gate, up = (f"{layer}mlp.{p}_proj.weight" for p in (("gate_up",) * 2 if fused else ("gate", "up")))
         stacked("w_gate", (D, F), (EMBED, MLP), None, linear(gate), lora=True)

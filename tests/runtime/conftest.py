@@ -88,6 +88,8 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
     "gemma": ("GemmaConfig", "GemmaForCausalLM"),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
@@ -163,6 +165,10 @@ CASES = {
     "qwen3_moe_linear_rope": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True,
                                             "moe_intermediate_size": 32,
                                             "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    # Mixtral: top-2 renormalized, experts intermediate_size wide, a sliding window; OLMoE: q/k norms over all heads,
+    # its top-k not renormalized
+    "mixtral_sliding_window": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 6}),
+    "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2}),
     "gemma": ("gemma", {"attention_bias": True}),
     # soft-caps small enough to bend the scores; layer 0 slides (window 6), layer 1 is global
     "gemma2": ("gemma2", {"sliding_window": 6, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,

@@ -19,11 +19,17 @@ EXPERTS, ROUTED, EXPERT_WIDTH = 64, 8, 128
 SHAPE = {"vocab_size": 4096, "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
          "tie_word_embeddings": False}
-MOE = {**SHAPE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": EXPERTS,
-       "num_experts_per_tok": ROUTED, "moe_intermediate_size": EXPERT_WIDTH, "norm_topk_prob": True,
-       "decoder_sparse_step": 1, "mlp_only_layers": [], "intermediate_size": ROUTED * EXPERT_WIDTH}
-DENSE = {**SHAPE, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-         "intermediate_size": ROUTED * EXPERT_WIDTH}
+# --smoke: the code path only, at the smallest shapes
+SMOKE = (8, 2, 32, {**SHAPE, "hidden_size": 64, "num_hidden_layers": 1, "head_dim": 16})
+
+
+def configs(experts: int, routed: int, width: int, shape: dict) -> tuple[dict, dict]:
+    """The mixture of experts, and the dense model of its active parameters (its MLP as wide as `routed` experts)."""
+    moe = {**shape, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": experts,
+           "num_experts_per_tok": routed, "moe_intermediate_size": width, "norm_topk_prob": True,
+           "decoder_sparse_step": 1, "mlp_only_layers": [], "intermediate_size": routed * width}
+    dense = {**shape, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "intermediate_size": routed * width}
+    return moe, dense
 
 
 def _model(config: dict, directory: Path):
@@ -34,16 +40,18 @@ def _model(config: dict, directory: Path):
 
 def run_moe(settings, smoke: bool, quick: bool) -> dict:
     """Routed against all experts and against the dense model of the same active parameters; prints its line."""
-    items = 32 if smoke else 256
+    items = 4 if smoke else 256
     runs = 2 if smoke else 3 if quick else 7
+    experts, top_k, width, shape = SMOKE if smoke else (EXPERTS, ROUTED, EXPERT_WIDTH, SHAPE)
+    moe_config, dense_config = configs(experts, top_k, width, shape)
     with tempfile.TemporaryDirectory(prefix="scorefn-moe-") as tmp:
-        moe, dense = _model(MOE, Path(tmp) / "moe"), _model(DENSE, Path(tmp) / "dense")
+        moe, dense = _model(moe_config, Path(tmp) / "moe"), _model(dense_config, Path(tmp) / "dense")
         routed, platform = startup.scorer(settings, moe, lazy=True)
         scorers = {"routed": routed, "all_experts": startup.scorer(settings.replace(experts="all"), moe, lazy=True)[0],
                    "dense_active": startup.scorer(settings, dense, lazy=True)[0]}
         flipped = startup.scorer(settings.replace(
             batch_invariant="false" if platform.kernels.batch_invariant else "true"), moe, lazy=True)[0]
-        sequences, labels = w1_request(SHAPE["vocab_size"], items)
+        sequences, labels = w1_request(shape["vocab_size"], items)
         times = alternating_runs({name: (lambda s=s: s.score(sequences, labels)) for name, s in scorers.items()},
                                  dict.fromkeys(scorers, runs))
         entry = {name: summarize(t, items) for name, t in times.items()}
@@ -51,10 +59,10 @@ def run_moe(settings, smoke: bool, quick: bool) -> dict:
             (routed, flipped) if platform.kernels.batch_invariant else (flipped, routed),
             lambda s: s.score(sequences, labels), runs)
     rate = {name: row["items_per_s"] for name, row in entry.items()}
-    entry["routed_vs_all"] = round(rate["routed"] / rate["all_experts"], 3)
-    entry["routed_vs_dense_active"] = round(rate["routed"] / rate["dense_active"], 3)
-    print(f"MoE W1-{items} ({EXPERTS} experts, {ROUTED} routed): routed {rate['routed']:.1f} items/s, all experts "
-          f"{rate['all_experts']:.1f} ({entry['routed_vs_all']:.2f}x), dense of the same active parameters "
-          f"{rate['dense_active']:.1f} ({entry['routed_vs_dense_active']:.2f}x), invariance "
+    entry["top_kvs_all"] = round(rate["routed"] / rate["all_experts"], 3)
+    entry["top_kvs_dense_active"] = round(rate["routed"] / rate["dense_active"], 3)
+    print(f"MoE W1-{items} ({experts} experts, {top_k} routed): routed {rate['routed']:.1f} items/s, all experts "
+          f"{rate['all_experts']:.1f} ({entry['top_kvs_all']:.2f}x), dense of the same active parameters "
+          f"{rate['dense_active']:.1f} ({entry['top_kvs_dense_active']:.2f}x), invariance "
           f"{entry['routed']['invariance_cost']:.2f}x", flush=True)
     return entry
