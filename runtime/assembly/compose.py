@@ -23,7 +23,7 @@ from flax import nnx
 from runtime.model import invariant, lora, params
 from runtime.model.config import ModelConfig
 from runtime.model.transformer import Transformer
-from runtime.assembly import platform as platforms
+from runtime.assembly import attention_fit, platform as platforms
 from runtime.shapes.buckets import BucketPlan
 from runtime.assembly.executables import Executables
 from runtime.requests.prefix_cache import PrefixCache
@@ -69,9 +69,10 @@ def compose(settings: Settings, cfg: ModelConfig, arrays: dict[str, np.ndarray] 
         plan = dataclasses.replace(plan, completion_batches=())
     # SCOREFN_MESH; a bad layout (MeshError) stops the start here, before any compilation.
     mesh = build_mesh_layout(settings.mesh, cfg, plan, devices, platform.kernels.batch_invariant)
-    explicit = settings.attention == "cudnn"
-    platform = platforms.fit_to_model(platform, cfg, plan.max_length, explicit, probe=probe and arrays is not None)
-    platform = platforms.fit_to_layout(platform, mesh, explicit)
+    explicit = settings.attention in ("cudnn", "pallas")  # SCOREFN_ATTENTION named the kernel resolve picked
+    platform = attention_fit.fit_to_model(platform, cfg, plan.max_length, explicit,
+                                          probe=probe and arrays is not None)
+    platform = attention_fit.fit_to_layout(platform, mesh, explicit)
     # Every array's declaration, from the config (the loader checked the weights against them) and the LoRA slots
     declared = params.declare(cfg) | lora.declare(cfg, slots, rank)
     shapes = {name: info.shape for name, info in declared.items()}

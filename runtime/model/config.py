@@ -31,6 +31,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3MoeForCausalLM": ("qwen3_moe", "causal_lm"),
     "MixtralForCausalLM": ("mixtral", "causal_lm"),
     "OlmoeForCausalLM": ("olmoe", "causal_lm"),
+    "GptOssForCausalLM": ("gpt_oss", "causal_lm"),
     "GemmaForCausalLM": ("gemma", "causal_lm"),
     "Gemma2ForCausalLM": ("gemma2", "causal_lm"),
     "Gemma3ForCausalLM": ("gemma3", "causal_lm"),
@@ -66,16 +67,22 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # Mixtral's and OLMoE's experts are intermediate_size wide; Mixtral always renormalizes its top-k.
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5},
     "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "rms_norm_eps": 1e-5},
+    "gpt_oss": {"num_local_experts": 128, "num_experts_per_tok": 4, "head_dim": 64, "sliding_window": 128,
+                "rope_theta": 150_000.0, "attention_bias": True, "rms_norm_eps": 1e-5,
+                "max_position_embeddings": 131_072, "swiglu_alpha": 1.702, "swiglu_limit": 7.0},
 }
-MOE = ("qwen3_moe", "mixtral", "olmoe")
+# GptOssConfig's rope_parameters when a config.json has none
+DEFAULT_ROPE = {"gpt_oss": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                            "original_max_position_embeddings": 4096}}
+MOE = ("qwen3_moe", "mixtral", "olmoe", "gpt_oss")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     architecture: str
-    family: str  # llama | mistral | qwen2 | qwen3 | qwen3_moe | mixtral | olmoe | gemma | gemma2 | gemma3 | phi3 |
-    # granite | olmo2
+    family: str  # llama | mistral | qwen2 | qwen3 | qwen3_moe | mixtral | olmoe | gpt_oss | gemma | gemma2 | gemma3 |
+    # phi3 | granite | olmo2
     task: str  # causal_lm | sequence_classification
     vocab_size: int
     hidden_size: int
@@ -98,7 +105,7 @@ class ModelConfig:
     pad_token_id: int | None = None
     problem_type: str | None = None  # sequence classification: "multi_label_classification" reads with sigmoid
     # ---- what differs between families (defaults: Llama) ----
-    activation: str = "silu"  # silu | gelu_tanh (GeGLU)
+    activation: str = "silu"  # silu | gelu_tanh (GeGLU) | clamped_swiglu (gpt-oss's experts: swiglu_limit, _alpha)
     norm_offset: float = 0.0  # Gemma: RMSNorm scales by (1 + weight); the 1 is added to the weights at load
     pre_norms: bool = True  # RMSNorm before attention and MLP (all but OLMo 2)
     post_norms: bool = False  # RMSNorm of the attention / MLP output before the residual add (Gemma 2/3, OLMo 2)
@@ -114,6 +121,13 @@ class ModelConfig:
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalize the top-k router probabilities to sum to 1
+    # ---- gpt-oss ----
+    attention_sinks: bool = False  # a learned logit per head in each query's softmax denominator (`sinks`)
+    router_top_k_first: bool = False  # the softmax over the top-k router logits (not the top-k of the softmax)
+    expert_biases: bool = False  # biased router and experts' projections
+    swiglu_alpha: float = 1.702  # clamped_swiglu: gate * sigmoid(alpha * gate) * (up + 1)
+    swiglu_limit: float = 7.0  # clamped_swiglu: the gate clamped above, up on both sides
+    quantization: str | None = None  # "mxfp4": the experts' weights as FP4 blocks, dequantized at load
 
     @property
     def kv_groups(self) -> int:
@@ -164,7 +178,7 @@ def _ropes(raw: dict[str, Any], family: str, arch: str, head_dim: int) -> tuple[
         return parse_rope(params, theta=theta, head_dim=head_dim, partial=partial, max_position_embeddings=max_pos,
                           original_max=original, allowed=allowed, where=where)
 
-    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or DEFAULT_ROPE.get(family, {})
     try:
         if family != "gemma3":
             return parse(params, arch), None
@@ -189,11 +203,11 @@ def _sliding(raw: dict[str, Any], family: str, arch: str, layers: int) -> tuple[
     if family in ("mistral", "phi3", "mixtral"):
         window = raw.get("sliding_window")
         return (int(window) if window else None), None
-    if family not in ("gemma2", "gemma3"):
+    if family not in ("gemma2", "gemma3", "gpt_oss"):
         return None, None
     types = raw.get("layer_types")
-    if types is None:  # transformers' pattern: Gemma 2 alternates from a sliding layer; Gemma 3 has 5 of 6 sliding
-        pattern = 2 if family == "gemma2" else int(raw.get("sliding_window_pattern") or 6)
+    if types is None:  # transformers' pattern: Gemma 2, gpt-oss alternate from a sliding layer; Gemma 3: 5 of 6 slide
+        pattern = int(raw.get("sliding_window_pattern") or 6) if family == "gemma3" else 2
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
     unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
     _refuse(bool(unknown), arch, f"layer_types {unknown} are not supported")
@@ -236,13 +250,16 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
                     f"dense MLP layers among expert layers (mlp_only_layers={dense}, decoder_sparse_step={step}, "
                     f"num_experts={experts}) are not supported: every layer must route to experts")
         attention_bias = bool(raw.get("attention_bias", False)) and family != "phi3"
+        quantization = (raw.get("quantization_config") or {}).get("quant_method")
+        _refuse(quantization is not None and not (family == "gpt_oss" and quantization == "mxfp4"), arch,
+                f"quantization_config quant_method {quantization!r} is not supported (gpt-oss: mxfp4 only)")
         num_labels = 0
         id2label: tuple[str, ...] = ()
         if task == "sequence_classification":
             mapping = {int(k): str(v) for k, v in (raw.get("id2label") or {}).items()}
             num_labels = int(raw.get("num_labels") or len(mapping) or 2)
             id2label = tuple(mapping.get(i, f"LABEL_{i}") for i in range(num_labels))
-        granite = family == "granite"
+        granite, gpt_oss = family == "granite", family == "gpt_oss"
         return ModelConfig(
             architecture=arch, family=family, task=task,
             vocab_size=int(raw["vocab_size"]), hidden_size=hidden,
@@ -260,7 +277,7 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             num_labels=num_labels, id2label=id2label,
             pad_token_id=raw.get("pad_token_id") if isinstance(raw.get("pad_token_id"), int) else None,
             problem_type=raw.get("problem_type") if isinstance(raw.get("problem_type"), str) else None,
-            activation=ACTIVATIONS[act],
+            activation="clamped_swiglu" if gpt_oss else ACTIVATIONS[act],
             norm_offset=1.0 if family in GEMMA else 0.0,
             pre_norms=family != "olmo2", post_norms=family in ("gemma2", "gemma3", "olmo2"),
             embed_scale=(_float32(hidden ** 0.5) if family in GEMMA
@@ -276,6 +293,9 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             moe_intermediate_size=int(raw["moe_intermediate_size" if family == "qwen3_moe" else "intermediate_size"])
             if experts else 0,
             norm_topk_prob=(family == "mixtral" or bool(raw.get("norm_topk_prob"))) if experts else False,
+            attention_sinks=gpt_oss, router_top_k_first=gpt_oss, expert_biases=gpt_oss,
+            swiglu_alpha=float(raw.get("swiglu_alpha") or 1.702), swiglu_limit=float(raw.get("swiglu_limit") or 7.0),
+            quantization=quantization,
         )
     except KeyError as exc:
         raise ModelConfigError(f"{arch}: config.json lacks required field {exc.args[0]!r}") from exc

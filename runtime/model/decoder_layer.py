@@ -4,9 +4,9 @@ tables (rotary_tables) and each token's mask of the stacked LoRA columns (lora_m
 
 The families' variants are data of the config (runtime.model.config.ModelConfig) that the layer reads, not code paths
 per family: norms before the attention and MLP (most) and of their outputs (Gemma 2/3, OLMo 2), q/k norms per head
-(Qwen3, Gemma 3) or over all heads (OLMo 2), Gemma 3's local RoPE on its sliding layers, attention soft-caps and
-windows, Granite's residual scale, Qwen3-MoE's routed experts in place of the gated MLP, and each projection's LoRA
-update (runtime.model.lora). The pure parts (projections, norms, rotation, MLP, experts) are in
+(Qwen3, Gemma 3) or over all heads (OLMo 2), Gemma 3's local RoPE on its sliding layers, attention soft-caps,
+sinks (gpt-oss) and windows, Granite's residual scale, routed experts in place of the gated MLP, and each projection's
+LoRA update (runtime.model.lora). The pure parts (projections, norms, rotation, MLP, experts) are in
 runtime.model.layers; the batch-invariant kernels in runtime.model.invariant.
 
 Shapes: B batch, T query tokens, M tokens of the batch-invariant stream, C context (shared-prefix) tokens, D hidden,
@@ -137,17 +137,19 @@ class DecoderLayer:
         expert on every token (Kernels.experts: auto)."""
         cfg = self.cfg
         tokens = x.reshape(-1, x.shape[-1])
-        route = lambda t: experts.router_top_k(t, p["router"], cfg.experts_per_token, cfg.norm_topk_prob)
+        route = lambda t: experts.router_top_k(t, p["router"], cfg.experts_per_token, cfg.norm_topk_prob,
+                                               p.get("router_bias"), cfg.router_top_k_first)
         weights, chosen = invariant.tokenwise(route, tokens[None]) if stream else route(tokens)
         if stream:
             weights, chosen = weights[0], chosen[0]
         tile = self.kernels.expert_tile
         N, X, k = tokens.shape[0], cfg.num_experts, cfg.experts_per_token
         choice = self.kernels.experts
+        glu = experts.gated(cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit)
         if choice == "routed" or choice == "auto" and (stream or experts.routed_rows(N, X, k, tile) < N * X):
-            y = experts.mixture(tokens, weights, chosen, p, cfg.activation, tile)
+            y = experts.mixture(tokens, weights, chosen, p, glu, tile)
         else:
-            y = experts.all_experts(tokens, weights, chosen, p, cfg.activation)
+            y = experts.all_experts(tokens, weights, chosen, p, glu)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
@@ -172,9 +174,13 @@ class DecoderLayer:
         the rows come from the batch-invariant stream, and attend with its kernels (runtime.model.invariant)."""
         cfg = self.cfg
         window = p.get("window", self.window)
-        how = dict(implementation=self.kernels.attention, scale=cfg.attention_scale, softcap=cfg.attention_softcap)
+        sinks = p.get("sinks")  # gpt-oss
+        how = dict(implementation=self.kernels.attention, scale=cfg.attention_scale, softcap=cfg.attention_softcap,
+                   sinks=sinks)
         if stream:
             context = None if ctx is None else ctx[:3]
+            if sinks is not None and self.kernels.attention.startswith("pallas"):
+                raise ValueError("the Pallas attention kernels cannot take attention sinks (attention_fit runs XLA's)")
             if self.kernels.attention == "pallas":
                 from runtime.model import pallas_attention
                 return pallas_attention.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap, context)
@@ -183,7 +189,7 @@ class DecoderLayer:
                 return pallas_tpu_attention.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap,
                                                    context)
             return invariant.causal(q, k, v, window, cfg.attention_scale, cfg.attention_softcap, context,
-                                    self.kernels.min_rows)
+                                    self.kernels.min_rows, sinks)
         if ctx is None:
             return attention.causal(q, k, v, window, **how)
         if isinstance(ctx, attention.Packed):

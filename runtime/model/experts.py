@@ -7,7 +7,9 @@ step is one compiled shape whatever the batch, so a pair's result does not depen
 expert, as long as a row's bits do not depend on where it sits among the tiles: Kernels.expert_tile is the fewest
 rows the host's probe finds so (runtime.assembly.bitclasses.tile_rows). The router's weight multiplies the expert's
 hidden activations (a product, no sum: nothing for XLA:CPU to contract into an FMA); a token's k outputs are then
-added in its top-k order.
+added in its top-k order. gpt-oss's experts have biases (added elementwise, so a row's bits still depend on its own
+values only; the down projection's bias weighted by the router, as transformers weighs the whole output) and its
+own clamped SwiGLU (`gated`).
 
 The work is (pairs + at most one part-filled tile per expert) rows against the dense path's tokens x experts rows
 (`routed_rows`), so the dense path (every expert on every token, weighted 0 where not chosen) is kept only where it
@@ -23,6 +25,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from typing import Callable
+
 from runtime.model.layers import ACTIVATIONS, dense
 
 F32 = jnp.float32
@@ -31,14 +35,32 @@ F32 = jnp.float32
 TILES_PER_STEP = 8
 
 
-def router_top_k(x: jax.Array, router: jax.Array, top_k: int, normalize: bool) -> tuple[jax.Array, jax.Array]:
-    """x [..., D] -> (weights, experts) [..., k]: the top-k of the router's softmax in float32 as transformers'
-    Qwen3-MoE, Mixtral and OLMoE compute it, renormalized to sum 1 when `normalize` (norm_topk_prob)."""
-    probs = jax.nn.softmax(dense(x.astype(F32), router.astype(F32)), axis=-1)  # [..., X]
-    top, chosen = jax.lax.top_k(probs, top_k)
+def router_top_k(x: jax.Array, router: jax.Array, top_k: int, normalize: bool, bias: jax.Array | None = None,
+                 top_k_first: bool = False) -> tuple[jax.Array, jax.Array]:
+    """x [..., D] -> (weights, experts) [..., k] in float32: the top-k of the router's softmax as transformers'
+    Qwen3-MoE, Mixtral and OLMoE compute it, renormalized to sum 1 when `normalize` (norm_topk_prob); or, with
+    `top_k_first` (gpt-oss), the softmax over the top-k logits. `bias`: the router's (gpt-oss)."""
+    logits = dense(x.astype(F32), router.astype(F32), bias)  # [..., X]
+    if top_k_first:
+        top, chosen = jax.lax.top_k(logits, top_k)
+        return jax.nn.softmax(top, axis=-1), chosen
+    top, chosen = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
     if normalize:
         top = top / jnp.sum(top, axis=-1, keepdims=True)
     return top, chosen
+
+
+def gated(activation: str, alpha: float = 1.702, limit: float = 7.0) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """An expert's hidden activations from its gate and up projections: act(gate) * up, or gpt-oss's clamped SwiGLU
+    (`clamped_swiglu`: the gate clamped above at `limit`, up to [-limit, limit], gate * sigmoid(alpha * gate) *
+    (up + 1))."""
+    if activation != "clamped_swiglu":
+        return lambda gate, up: ACTIVATIONS[activation](gate) * up
+
+    def clamped_swiglu(gate, up):
+        gate, up = jnp.minimum(gate, limit), jnp.clip(up, -limit, limit)
+        return gate * jax.nn.sigmoid(gate * alpha) * (up + 1)
+    return clamped_swiglu
 
 
 def routed_rows(tokens: int, experts: int, top_k: int, tile: int) -> int:
@@ -52,8 +74,9 @@ def tile_count(tokens: int, experts: int, top_k: int, tile: int) -> int:
     return min(-(-pairs // tile) + min(experts, pairs), pairs)
 
 
-def mixture(x: jax.Array, weights: jax.Array, chosen: jax.Array, p: dict, activation: str, tile: int) -> jax.Array:
-    """The experts' outputs mixed by the router: x [N, D], weights/chosen [N, k] -> [N, D] float32."""
+def mixture(x: jax.Array, weights: jax.Array, chosen: jax.Array, p: dict, glu: Callable, tile: int) -> jax.Array:
+    """The experts' outputs mixed by the router: x [N, D], weights/chosen [N, k] -> [N, D] float32. `glu`: the
+    hidden activations of (gate, up) (`gated`)."""
     N, D = x.shape
     k = chosen.shape[-1]
     w_gate, w_up, w_down = p["experts_gate"], p["experts_up"], p["experts_down"]  # [X, D, F], [X, D, F], [X, F, D]
@@ -78,10 +101,12 @@ def mixture(x: jax.Array, weights: jax.Array, chosen: jax.Array, p: dict, activa
 
     def step(i, out):  # TILES_PER_STEP tiles, each through its expert: [G, tile, D] -> [G, tile, D]
         rows, weight, e = (jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in steps_in)
-        gate = jnp.einsum("gtd,gdf->gtf", rows, w_gate[e], preferred_element_type=F32)
-        up = jnp.einsum("gtd,gdf->gtf", rows, w_up[e], preferred_element_type=F32)
-        hidden = ACTIVATIONS[activation](gate) * up * weight[..., None]
+        tile_bias = lambda y, projection, scale=1.0: _biased(y, p, projection, e[:, None], scale)  # [G, 1, ...]
+        gate = tile_bias(jnp.einsum("gtd,gdf->gtf", rows, w_gate[e], preferred_element_type=F32), "gate")
+        up = tile_bias(jnp.einsum("gtd,gdf->gtf", rows, w_up[e], preferred_element_type=F32), "up")
+        hidden = glu(gate, up) * weight[..., None]
         result = jnp.einsum("gtf,gfd->gtd", hidden.astype(w_down.dtype), w_down[e], preferred_element_type=F32)
+        result = tile_bias(result, "down", weight[..., None])
         return jax.lax.dynamic_update_index_in_dim(out, result, i, 0)
 
     # Only the steps that hold tiles: a trip count the data decides, so XLA keeps the loop whatever it is
@@ -94,14 +119,23 @@ def mixture(x: jax.Array, weights: jax.Array, chosen: jax.Array, p: dict, activa
     return total
 
 
-def all_experts(x: jax.Array, weights: jax.Array, chosen: jax.Array, p: dict, activation: str) -> jax.Array:
+def _biased(y: jax.Array, p: dict, projection: str, e: jax.Array, scale: jax.Array | float = 1.0) -> jax.Array:
+    """y plus the bias [*e.shape, ...] of the experts `e` times `scale` where they have one (gpt-oss's b_experts_*)."""
+    bias = p.get(f"b_experts_{projection}")
+    return y if bias is None else y + scale * bias[e].astype(F32)
+
+
+def all_experts(x: jax.Array, weights: jax.Array, chosen: jax.Array, p: dict, glu: Callable) -> jax.Array:
     """Every expert on every token, weighted 0 where not chosen (plain batched matmuls, no data-dependent gathers):
     x [N, D] -> [N, D] float32. The weights multiply the hidden activations before the down projection, so the
     [N, X, D] outputs are never materialized."""
     w_gate, w_up, w_down = p["experts_gate"], p["experts_up"], p["experts_down"]
     mix = jnp.sum(jax.nn.one_hot(chosen, w_gate.shape[0], dtype=F32) * weights[..., None].astype(F32), axis=-2)
     xw = x.astype(w_gate.dtype)
-    gate = jnp.einsum("nd,xdf->nxf", xw, w_gate, preferred_element_type=F32)
-    up = jnp.einsum("nd,xdf->nxf", xw, w_up, preferred_element_type=F32)
-    hidden = ACTIVATIONS[activation](gate) * up * mix[..., None]
-    return jnp.einsum("nxf,xfd->nd", hidden.astype(w_down.dtype), w_down, preferred_element_type=F32)
+    every = jnp.arange(w_gate.shape[0])
+    gate = _biased(jnp.einsum("nd,xdf->nxf", xw, w_gate, preferred_element_type=F32), p, "gate", every)
+    up = _biased(jnp.einsum("nd,xdf->nxf", xw, w_up, preferred_element_type=F32), p, "up", every)
+    hidden = glu(gate, up) * mix[..., None]
+    out = jnp.einsum("nxf,xfd->nd", hidden.astype(w_down.dtype), w_down, preferred_element_type=F32)
+    down_bias = p.get("b_experts_down")
+    return out if down_bias is None else out + dense(mix, down_bias.astype(F32))

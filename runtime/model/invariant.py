@@ -142,7 +142,7 @@ def query_tile(length: int, groups: int, min_rows: int) -> int:
 
 
 def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None = None,
-           softcap: float | None = None, context=None, min_rows: int = 1) -> jax.Array:
+           softcap: float | None = None, context=None, min_rows: int = 1, sinks: jax.Array | None = None) -> jax.Array:
     """Causal attention over whole rows, per tile of queries (`query_tile`) and block of KEY_BLOCK keys at absolute
     positions (block j holds the keys at positions j * KEY_BLOCK and on), merged in order by an online softmax:
     q [B, T, N, E], k/v [B, T, K, E] (any T) -> [B, T, N, E] float32. `window` None, an int or a traced int32 scalar
@@ -160,7 +160,8 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
     matmul of the weights against columns of ones, never a reduction whose order could follow the shape; the running
     maximum is exact in any order. Blocks past a query are visited when its tile needs them: its keys are masked, so
     they add exact zeros. Blocks wholly before a sliding window add a finite sum that the first
-    visible block multiplies by exactly 0."""
+    visible block multiplies by exactly 0. `sinks` [N] (gpt-oss): each head's logit starts the running state (its
+    maximum, a total of 1, no values), a constant of the head whatever the batch."""
     B, T, N, E = q.shape
     K = k.shape[2]
     G = N // K
@@ -190,7 +191,7 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
         total = row_sums(p.astype(v.dtype))  # a matmul, as the norms' sums
         return m_new, acc * jnp.exp(m - m_new)[..., None] + jnp.concatenate([weigh(p), total], axis=-1)
 
-    state = (jnp.full((n, B, K, rows), MASKED, F32), jnp.zeros((n, B, K, rows, E + 1), F32))
+    state = _start(sinks, (n, B, K, rows), E, G, tile)
     first = 0
     if ctx_k is not None and ctx_k.shape[0] >= KEY_BLOCK:  # a shorter prefix holds no whole block
         first = length // KEY_BLOCK
@@ -232,6 +233,17 @@ def causal(q: jax.Array, k: jax.Array, v: jax.Array, window, scale: float | None
         out = loop(one_tile, (jnp.arange(n), tiles, *state))  # [n, B, K, rows, E]
     out = jnp.transpose(out.reshape(n, B, K, tile, G, E), (1, 0, 3, 2, 4, 5)).reshape(B, n * tile, N, E)
     return out[:, :T]
+
+
+def _start(sinks: jax.Array | None, shape: tuple[int, int, int, int], E: int, G: int, tile: int):
+    """The online softmax's state before any key (running maximum [n, B, K, rows], weighted values and total
+    [..., E + 1]): nothing seen, or each head's sink seen (row r of KV head k is head k * G + r % G)."""
+    if sinks is None:
+        return jnp.full(shape, MASKED, F32), jnp.zeros((*shape, E + 1), F32)
+    K = shape[2]
+    per_row = jnp.tile(sinks.astype(F32).reshape(K, G), (1, tile))  # [K, rows]
+    total = jnp.zeros((E + 1,), F32).at[E].set(1.0)
+    return jnp.broadcast_to(per_row, shape), jnp.broadcast_to(total, (*shape, E + 1))
 
 
 def matmul(rows: jax.Array, other: jax.Array, contract, batch=((), ())) -> jax.Array:

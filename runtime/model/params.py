@@ -27,10 +27,14 @@ class Checkpoint:
     """Where a Hugging Face checkpoint keeps a parameter: `tensor` names it ({layer} and {expert}: the indices of a
     stacked parameter's slice); `transpose`: torch Linear [out, in] -> the model's [in, out]; `offset`: added once
     at load. Parameters declared with the same tensor are the parts of one fused tensor (Phi-3's qkv_proj,
-    gate_up_proj), split along its rows in the order of their declaration."""
+    gate_up_proj), split along its rows in the order of their declaration, or `interleaved` along its last axis
+    (gpt-oss's gate_up_proj: gate the even columns, up the odd). `every_expert`: one tensor per layer holds all its
+    experts' slices (gpt-oss), not one tensor per expert."""
     tensor: str
     transpose: bool = False
     offset: float = 0.0
+    interleaved: bool = False
+    every_expert: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +107,9 @@ def declare(cfg: ModelConfig) -> dict[str, ParamInfo]:
     stacked("wk", (D, kv_out), (EMBED, KV_HEADS), None, linear(k), lora=True)
     stacked("wv", (D, kv_out), (EMBED, KV_HEADS), None, linear(v), lora=True)
     stacked("wo", (q_out, D), (HEADS, EMBED), None, linear(f"{layer}self_attn.o_proj.weight"), lora=True)
-    if cfg.num_experts:
+    if cfg.family == "gpt_oss":
+        _declare_gpt_oss_experts(cfg, stacked)
+    elif cfg.num_experts:
         X, Fm = cfg.num_experts, cfg.moe_intermediate_size
         block = layer + ("block_sparse_moe." if cfg.family == "mixtral" else "mlp.")
         gate, up, down = ("w1", "w3", "w2") if cfg.family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
@@ -127,11 +133,31 @@ def declare(cfg: ModelConfig) -> dict[str, ParamInfo]:
         stacked("b_gate", (F,), (MLP,), EXACT, Checkpoint(f"{layer}mlp.gate_proj.bias"))
         stacked("b_up", (F,), (MLP,), EXACT, Checkpoint(f"{layer}mlp.up_proj.bias"))
         stacked("b_down", (D,), (EMBED,), EXACT, Checkpoint(f"{layer}mlp.down_proj.bias"))
+    if cfg.attention_sinks:
+        stacked("sinks", (cfg.num_heads,), (HEADS,), EXACT, Checkpoint(f"{layer}self_attn.sinks"))
     if cfg.qk_norm:  # per head (E) or over all heads (OLMo 2); never split: a norm over all heads needs them whole
         q_size, kv_size = (E, E) if cfg.qk_norm == "head" else (q_out, kv_out)
         stacked("q_norm", (q_size,), (None,), EXACT, norm(f"{layer}self_attn.q_norm.weight"))
         stacked("k_norm", (kv_size,), (None,), EXACT, norm(f"{layer}self_attn.k_norm.weight"))
     return {info.name: info for info in infos}
+
+
+def _declare_gpt_oss_experts(cfg: ModelConfig, stacked) -> None:
+    """gpt-oss's router (weight and bias) and experts: each layer's in one tensor per projection and bias, already
+    [in, out]; gate and up interleaved in gate_up_proj (and its bias)."""
+    D, X, F = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    block = "model.layers.{layer}.mlp."
+    experts = lambda name, interleaved=False: Checkpoint(f"{block}experts.{name}", interleaved=interleaved,
+                                                          every_expert=True)
+    stacked("router", (D, X), (EMBED, EXPERTS), EXACT, Checkpoint(f"{block}router.weight", transpose=True))
+    # (not EXPERTS: a stacked [L, X] parameter led by LAYERS, EXPERTS would be read as one slice per expert)
+    stacked("router_bias", (X,), (None,), EXACT, Checkpoint(f"{block}router.bias"))
+    stacked("experts_gate", (X, D, F), (EXPERTS, EMBED, MLP), None, experts("gate_up_proj", True))
+    stacked("experts_up", (X, D, F), (EXPERTS, EMBED, MLP), None, experts("gate_up_proj", True))
+    stacked("experts_down", (X, F, D), (EXPERTS, MLP, EMBED), None, experts("down_proj"))
+    stacked("b_experts_gate", (X, F), (EXPERTS, MLP), EXACT, experts("gate_up_proj_bias", True))
+    stacked("b_experts_up", (X, F), (EXPERTS, MLP), EXACT, experts("gate_up_proj_bias", True))
+    stacked("b_experts_down", (X, D), (EXPERTS, EMBED), EXACT, experts("down_proj_bias"))
 
 
 def array_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

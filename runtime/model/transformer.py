@@ -1,5 +1,5 @@
-"""Every supported decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma 1/2/3, Phi-3, Granite,
-OLMo 2) as one Flax NNX module (Transformer), prefill only: the weights, the trunk (embedding, the loop over the
+"""Every supported decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral, OLMoE, gpt-oss,
+Gemma 1/2/3, Phi-3, Granite, OLMo 2) as one Flax NNX module (Transformer), prefill only: the weights, the trunk (embedding, the loop over the
 layers, the final norm) and the entry points the compiled programs run. The families differ in data
 (runtime.model.config.ModelConfig), not in code paths per family: one layer body (runtime.model.decoder_layer) reads
 which norms, activation, multipliers, soft-caps and experts apply.

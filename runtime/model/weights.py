@@ -19,6 +19,7 @@ from safetensors import safe_open
 from runtime.model.config import ModelConfig, ModelConfigError
 from runtime.model.errors import WeightsError  # raised here and by runtime.model.gguf; imported from here
 from runtime.model.gguf import GGUF_WEIGHTS, read_gguf_weights
+from runtime.model import mxfp4
 from runtime.model.params import declare
 
 
@@ -31,6 +32,7 @@ class Target:
     expert: int | None = None  # index along the stacked expert axis (Qwen3-MoE)
     offset: float = 0.0  # added once at load: Gemma's norms compute x * (1 + weight), the same float32 sum
     split: tuple[tuple[str, int], ...] = ()  # a fused tensor (Phi-3 qkv_proj, gate_up_proj): (name, rows) in order
+    interleaved: bool = False  # its parts alternate along the last axis (gpt-oss gate_up_proj), not rows in order
 
 
 # Tensors that checkpoints may carry but the model derives itself.
@@ -43,7 +45,7 @@ def weight_map(cfg: ModelConfig) -> dict[str, Target]:
     targets: dict[str, Target] = {}
     for info in declare(cfg).values():
         source = info.checkpoint
-        lead = info.slice_axes
+        lead = 1 if source.every_expert else info.slice_axes
         shape = info.shape[lead:]
         hf_shape = tuple(reversed(shape)) if source.transpose else shape
         layers = range(cfg.num_layers) if lead else (None,)
@@ -52,12 +54,16 @@ def weight_map(cfg: ModelConfig) -> dict[str, Target]:
             tensor = source.tensor.format(layer=layer, expert=expert)
             fused = targets.get(tensor)
             if fused is None:
-                targets[tensor] = Target(info.name, layer, hf_shape, source.transpose, expert, source.offset)
+                targets[tensor] = Target(info.name, layer, hf_shape, source.transpose, expert, source.offset,
+                                         interleaved=source.interleaved)
                 continue
-            # a part of a fused tensor after the first: its rows follow theirs
-            parts = fused.split or ((fused.name, fused.hf_shape[0]),)
-            targets[tensor] = dataclasses.replace(fused, hf_shape=(fused.hf_shape[0] + hf_shape[0], *hf_shape[1:]),
-                                                  split=(*parts, (info.name, hf_shape[0])))
+            # a part of a fused tensor after the first: its rows follow theirs (or its columns alternate with theirs)
+            axis = -1 if source.interleaved else 0
+            parts = fused.split or ((fused.name, fused.hf_shape[axis]),)
+            whole = list(fused.hf_shape)
+            whole[axis] += hf_shape[axis]
+            targets[tensor] = dataclasses.replace(fused, hf_shape=tuple(whole),
+                                                  split=(*parts, (info.name, hf_shape[axis])))
     return targets
 
 
@@ -76,6 +82,15 @@ def _place(arrays: dict[str, np.ndarray], cfg: ModelConfig, name: str, target: T
     if stack is None:
         stack = arrays[name] = np.empty((*lead, *value.shape), np.float32)
     stack[target.layer if target.expert is None else (target.layer, target.expert)] = value
+
+
+def _parts(value: np.ndarray, target: Target) -> list[np.ndarray]:
+    """A fused tensor's parts: every n-th column from the i-th (interleaved), else its rows in order."""
+    if target.interleaved:
+        n = len(target.split)
+        return [value[..., i::n] for i in range(n)]
+    ends = np.cumsum([rows for _, rows in target.split])
+    return np.split(value, ends[:-1])
 
 
 def assemble(cfg: ModelConfig, tensors: Iterator[tuple[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -101,10 +116,8 @@ def assemble(cfg: ModelConfig, tensors: Iterator[tuple[str, np.ndarray]]) -> dic
         if not target.split:
             _place(arrays, cfg, target.name, target, value)
             continue
-        start = 0
-        for part, rows in target.split:  # rows of the fused [out, in] tensor, in order
-            _place(arrays, cfg, part, target, value[start: start + rows])
-            start += rows
+        for part, value_part in zip((name for name, _ in target.split), _parts(value, target)):
+            _place(arrays, cfg, part, target, value_part)
     if unknown:
         shown = ", ".join(sorted(unknown)[:5]) + (" ..." if len(unknown) > 5 else "")
         raise WeightsError(f"{len(unknown)} unknown tensor(s) for {cfg.architecture}: {shown}")
@@ -137,11 +150,13 @@ def _strip_prefix(name: str, cfg: ModelConfig) -> str:
 
 
 def read_safetensors(model_dir: Path, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
-    """Every tensor, through safetensors' "flax" framework: it reads bfloat16, which NumPy cannot."""
+    """Every tensor, through safetensors' "flax" framework: it reads bfloat16, which NumPy cannot. Floats as float32,
+    integers (MXFP4's packed blocks and scales) as they are."""
     for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="flax") as handle:
             for name in handle.keys():
-                yield _strip_prefix(name, cfg), np.asarray(handle.get_tensor(name), dtype=np.float32)
+                value = np.asarray(handle.get_tensor(name))
+                yield _strip_prefix(name, cfg), value if value.dtype.kind in "iu" else value.astype(np.float32)
 
 
 def load_arrays(model_dir: str | Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
@@ -150,4 +165,5 @@ def load_arrays(model_dir: str | Path, cfg: ModelConfig) -> dict[str, np.ndarray
         raise ModelConfigError(f"{model_dir}: not a directory")
     if (model_dir / GGUF_WEIGHTS).is_file():  # a directory prepared from a GGUF file (runtime.model.gguf)
         return assemble(cfg, read_gguf_weights(model_dir))
-    return assemble(cfg, read_safetensors(model_dir, cfg))
+    tensors = read_safetensors(model_dir, cfg)
+    return assemble(cfg, mxfp4.dequantized(tensors) if cfg.quantization == "mxfp4" else tensors)

@@ -90,6 +90,7 @@ FAMILIES = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
     "gemma": ("GemmaConfig", "GemmaForCausalLM"),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
@@ -106,6 +107,10 @@ FAMILIES = {
 }
 
 
+# The parameters tiny_checkpoint moves off their initial values, by family (default: the norms)
+NOISY = {"gpt_oss": ("norm", "bias", "sinks")}
+
+
 def tiny_checkpoint(family: str, out_dir: Path, **overrides):
     """A random transformers model of `family`, saved as a Hugging Face directory; returns the torch model."""
     torch = pytest.importorskip("torch")
@@ -116,9 +121,9 @@ def tiny_checkpoint(family: str, out_dir: Path, **overrides):
     config = config_cls(**{**TINY, **overrides})
     config._attn_implementation = "eager"
     model = model_cls(config).eval()
-    with torch.no_grad():  # norms away from 1, so a misplaced norm weight shows
+    with torch.no_grad():  # norms away from 1 (gpt-oss: biases away from their 0), so a misplaced one shows
         for name, param in model.named_parameters():
-            if "norm" in name:
+            if any(part in name for part in NOISY.get(family, ("norm",))):
                 param.add_(torch.randn_like(param) * 0.3)
     model.save_pretrained(out_dir, safe_serialization=True)
     return model
@@ -169,6 +174,13 @@ CASES = {
     # its top-k not renormalized
     "mixtral_sliding_window": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 6}),
     "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2}),
+    # gpt-oss: attention sinks, q/k/v/o biases, sliding and full layers, top-k of the router's logits then softmax,
+    # biased experts with the clamped SwiGLU; yarn RoPE (its default, here over a shorter original length)
+    "gpt_oss": ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 6,
+                            "layer_types": ["sliding_attention", "full_attention"], "swiglu_limit": 1.5,
+                            "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                                "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
+                                                "original_max_position_embeddings": 16}}),
     "gemma": ("gemma", {"attention_bias": True}),
     # soft-caps small enough to bend the scores; layer 0 slides (window 6), layer 1 is global
     "gemma2": ("gemma2", {"sliding_window": 6, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,

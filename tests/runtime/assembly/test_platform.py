@@ -14,8 +14,8 @@ from runtime.shapes.grid import GridLayout
 from runtime.shapes.packed import PackedLayout
 from runtime.assembly import platform as platforms
 from runtime.assembly.platform import (BF16_MATMUL_CLASSES, CPU_CLASS_NAMES, CPU_FORMATS, CpuFormat, HostCpu,
-                                       classes_below, compile_class, cpu_format, fit_to_model, host_cpu, matmul_probe,
-                                       resolve)
+                                       classes_below, compile_class, cpu_format, host_cpu, matmul_probe, resolve)
+from runtime.assembly.attention_fit import fit_to_layout, fit_to_model
 from runtime.settings import load_settings
 from tests.runtime.conftest import EPYC, GRAVITON, SAPPHIRE_RAPIDS
 
@@ -140,7 +140,6 @@ def test_the_cpu_keeps_the_grid_and_either_layout_can_be_chosen():
 def test_cudnn_falls_back_to_xla_on_a_mesh_that_splits_query_heads_but_not_kv_heads(caplog):
     import types
 
-    from runtime.assembly.platform import fit_to_layout
 
     platform = resolve(load_settings(environ={}), backend="gpu")
     split_alike = types.SimpleNamespace(model=2, parts={"attention": True, "kv": True})
@@ -221,10 +220,25 @@ def test_cudnn_is_not_tried_where_it_cannot_apply(change, reason, caplog):
         fit_to_model(gpu, cfg, 2048, explicit=True)  # SCOREFN_ATTENTION=cudnn: the start fails, saying why
 
 
+@pytest.mark.parametrize("backend,attention", [("gpu", "cudnn"), ("gpu", "pallas"), ("tpu", "pallas")])
+def test_attention_sinks_run_on_xla_attention(backend, attention, caplog):
+    """gpt-oss's sinks: neither cuDNN nor the Pallas kernels take them; auto falls back, an explicit choice fails."""
+    cfg = config_from_hf({**QWEN3, "architectures": ["GptOssForCausalLM"], "num_local_experts": 4,
+                          "num_experts_per_tok": 2, "head_dim": 64})
+    assert cfg.attention_sinks
+    environ = {} if attention == "cudnn" else {"SCOREFN_BATCH_INVARIANT": "true"}
+    platform = resolve(load_settings(environ=environ), backend=backend)
+    assert platform.kernels.attention.startswith(attention)
+    with caplog.at_level(logging.WARNING, logger="scorefn.runtime"):
+        assert fit_to_model(platform, cfg, 2048, explicit=False, probe=False).kernels.attention == "xla"
+    assert "GptOssForCausalLM has attention sinks" in caplog.text
+    with pytest.raises(ValueError, match=f"SCOREFN_ATTENTION={attention} cannot run this model: .*attention sinks"):
+        fit_to_model(platform, cfg, 2048, explicit=True, probe=False)
+
+
 def test_a_cpu_runs_its_launcher_threads_batches_at_once_an_accelerator_or_a_mesh_one():
     import types
 
-    from runtime.assembly.platform import fit_to_layout
     from runtime.requests.launch import cpu_threads
 
     cpu = resolve(load_settings(environ={}), backend="cpu")

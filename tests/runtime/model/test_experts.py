@@ -1,7 +1,8 @@
 """Routed experts (runtime.model.experts): the routed layout computes what every expert on every token computes, a
-token's result has the same bits whatever tokens share its experts and tiles, and it computes fewer rows than the
-dense path from a few dozen tokens up. The families' parity with transformers and the whole model's invariance:
-test_parity_tiny.py and test_invariance.py (Qwen3-MoE)."""
+token's result has the same bits whatever tokens share its experts and tiles (gpt-oss's biased experts, its router
+and clamped SwiGLU too), and it computes fewer rows than the dense path from a few dozen tokens up. The families'
+parity with transformers and the whole model's invariance: test_parity_tiny.py and test_invariance.py (Qwen3-MoE,
+gpt-oss)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,25 @@ X, D, F, K = 8, 64, 96, 2  # the tiny test configs' width (64 x 96: their matmul
 TILE = invariant.MIN_ROWS
 
 
-@pytest.fixture(scope="module")
-def block() -> dict:
+@pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss"])
+def block(request) -> dict:
+    """The experts of a layer: Qwen3-MoE's, or gpt-oss's (biases, its router, its clamped SwiGLU)."""
     rng = np.random.default_rng(0)
     w = lambda *shape: jnp.asarray(rng.normal(0, 0.1, shape), jnp.float32)
-    return {"router": w(D, X), "experts_gate": w(X, D, F), "experts_up": w(X, D, F), "experts_down": w(X, F, D)}
+    p = {"router": w(D, X), "experts_gate": w(X, D, F), "experts_up": w(X, D, F), "experts_down": w(X, F, D)}
+    if request.param == "gpt_oss":
+        p |= {"router_bias": w(X), "b_experts_gate": w(X, F), "b_experts_up": w(X, F), "b_experts_down": w(X, D)}
+    return p
+
+
+def route(x, p):
+    if "router_bias" in p:  # gpt-oss: the softmax of the top-k logits
+        return experts.router_top_k(x, p["router"], K, False, p["router_bias"], top_k_first=True)
+    return experts.router_top_k(x, p["router"], K, True)
+
+
+def glu(p):
+    return experts.gated("clamped_swiglu", 1.702, 0.5) if "router_bias" in p else experts.gated("silu")
 
 
 def tokens(n: int, seed: int) -> jax.Array:
@@ -30,15 +45,14 @@ def tokens(n: int, seed: int) -> jax.Array:
 @jax.jit
 def routed(x, p):
     """As the batch-invariant stream runs it: the router over fixed tiles of tokens (runtime.model.decoder_layer)."""
-    route = lambda t: experts.router_top_k(t, p["router"], K, True)
-    weights, chosen = (a[0] for a in invariant.tokenwise(route, x[None]))
-    return experts.mixture(x, weights, chosen, p, "silu", TILE)
+    weights, chosen = (a[0] for a in invariant.tokenwise(lambda t: route(t, p), x[None]))
+    return experts.mixture(x, weights, chosen, p, glu(p), TILE)
 
 
 @jax.jit
 def dense(x, p):
-    weights, chosen = experts.router_top_k(x, p["router"], K, True)
-    return experts.all_experts(x, weights, chosen, p, "silu")
+    weights, chosen = route(x, p)
+    return experts.all_experts(x, weights, chosen, p, glu(p))
 
 
 @pytest.mark.parametrize("n", [1, 5, 70, 300])
@@ -55,6 +69,22 @@ def test_a_tokens_bits_do_not_depend_on_the_tokens_beside_it(block):
     for others in (tokens(200, 2), tokens(33, 3) * 5.0, tokens(500, 4)):
         for batch, at in ((jnp.concatenate([others, mine]), len(others)), (jnp.concatenate([mine, others]), 0)):
             assert np.array_equal(np.asarray(routed(batch, block))[at:at + 7], alone)
+
+
+def test_gpt_oss_routes_by_the_softmax_of_its_top_k_logits_and_clamps_its_swiglu():
+    """transformers' GptOssTopKRouter and GptOssExperts._apply_gate, written out in NumPy."""
+    x = np.array([[1.0, -2.0]], np.float32)
+    router, bias = np.array([[1.0, 0.0, 2.0], [0.0, -1.0, 0.5]], np.float32), np.array([0.1, 0.2, -3.0], np.float32)
+    weights, chosen = experts.router_top_k(jnp.asarray(x), jnp.asarray(router), 2, False, jnp.asarray(bias), True)
+    logits = x @ router + bias  # [1.1, 2.2, -4.0]
+    assert chosen.tolist() == [[1, 0]]
+    top = np.exp(logits[0, [1, 0]] - logits[0, 1])
+    np.testing.assert_allclose(np.asarray(weights)[0], top / top.sum(), rtol=1e-6)
+    gate, up = np.array([-9.0, 0.3, 9.0], np.float32), np.array([-9.0, 0.3, 9.0], np.float32)
+    clamped_gate, clamped_up = np.array([-9.0, 0.3, 7.0]), np.array([-7.0, 0.3, 7.0])
+    expected = clamped_gate / (1 + np.exp(-1.702 * clamped_gate)) * (clamped_up + 1)
+    np.testing.assert_allclose(np.asarray(experts.gated("clamped_swiglu", 1.702, 7.0)(gate, up)), expected,
+                               rtol=1e-6)
 
 
 def test_the_routed_layout_computes_fewer_rows_from_a_few_dozen_tokens():

@@ -19,7 +19,7 @@ def _config(case: str):
 
 
 @pytest.mark.parametrize("case", ["llama_biases", "phi3_longrope_partial_sliding", "qwen3_moe_linear_rope", "gemma2",
-                                  "olmo2_yarn_rope"])
+                                  "olmo2_yarn_rope", "gpt_oss"])
 def test_the_declarations_hold_together(case):
     cfg = _config(case)
     declared = params.declare(cfg) | lora.declare(cfg, slots=2, rank=4)
