@@ -35,8 +35,9 @@ log = logging.getLogger("scorefn.runtime")
 ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33, 40, 48, 51, 56, 63, 64, 65, 80, 96, 128, 129, 192, 256, 512, 1024, 4096,
         16384)
 
-# Rows of an expert's tile the probe tries, fewest first (runtime.model.experts: fewer rows, less padding).
-TILES = (8, 16, 32, 64)
+# Rows of an expert's tile the probe tries, fewest first (runtime.model.experts: fewer rows pad less; 8 kept its
+# bits on the AMD EPYC but ran 1.1-1.4x slower than 16 on the bench's MoE, 2026-12-06).
+TILES = (16, 32, 64)
 
 Shape = tuple[int, int, str]  # (inner, outer, dtype): x [M, inner] @ w [inner, outer] in dtype, float32 accumulation
 
