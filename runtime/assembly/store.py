@@ -208,7 +208,8 @@ def source_files() -> list[Path]:
                    *(p for p in (runtime / "assembly").glob("*.py") if p.name != "calibration.py")])
 
 
-def _source_digest() -> str:
+def source_digest() -> str:
+    """A digest of source_files(): what a stored executable was made by."""
     digest = hashlib.sha256()
     for path in source_files():  # each named by its package and file (model/layers.py): where the clone is matters not
         digest.update(f"{path.parent.name}/{path.name}".encode() + b"\0" + path.read_bytes())
@@ -234,7 +235,7 @@ def fingerprint_parts(model: nnx.Module, state: Any, devices: list, mesh_shape: 
                      "flax": flax.__version__, **library_versions(backend)},
         "devices": [backend, devices[0].device_kind, len(devices), list(mesh_shape)],
         "cpu": (cpu_class or compile_class()) if backend == "cpu" else None,
-        "source": _source_digest(),
+        "source": source_digest(),
         "model": [repr(model.cfg), str(model.dtype), repr(model.kernels), model.window],
         "state": [(jax.tree_util.keystr(path), list(x.shape), str(x.dtype), _spec(x))
                   for path, x in jax.tree_util.tree_flatten_with_path(state)[0]],
