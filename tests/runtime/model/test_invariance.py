@@ -22,8 +22,9 @@ pytestmark = pytest.mark.slow
 PLAN = small_plan(lengths=(32, 64), batches=(1, 4), labels=(4,))  # 1 to 8 tiles of 32 tokens
 # One case per family, with its richest RoPE, biases, windows, soft-caps and experts (compiles cost ~5 s a case).
 FAMILY_CASES = ["gemma", "gemma2", "gemma3_local_global_rope", "gpt_oss", "granite_dynamic_rope",
-                "llama3_rope_scaling", "llama_biases", "mistral_sliding_window", "olmo2_yarn_rope",
-                "phi3_longrope_partial_sliding", "qwen2", "qwen3", "qwen3_moe_linear_rope", "smollm2_like"]
+                "llama3_rope_scaling", "llama_biases", "mistral_sliding_window", "mixtral_sliding_window",
+                "olmo2_yarn_rope", "olmoe", "phi3_longrope_partial_sliding", "qwen2", "qwen3", "qwen3_moe_linear_rope",
+                "smollm2_like"]
 # Prefixes longer than a key block (runtime.model.invariant.KEY_BLOCK): whole blocks sliced from the prefix.
 LONG_PLAN = small_plan(lengths=(64, 192), batches=(1, 4), labels=(4,))
 LONG_PREFIX_PLAN = small_plan(lengths=(64, 192), batches=(1, 4), prefix_sharing=True, suffix_lengths=(8, 32),
