@@ -7,10 +7,8 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,10 +16,9 @@ from jax.sharding import PartitionSpec as P
 
 from runtime.model import params
 from runtime.model.config import load_config
-from runtime.assembly.store import source_digest
 from runtime.assembly.sharding import (MeshError, build_mesh_layout, check_batches, param_spec, parse_mesh,
                                        sharded_parts)
-from tests.conftest import REPO
+from tests.conftest import REPO, source_keyed
 from tests.runtime.conftest import random_sequences, small_plan, tiny_checkpoint
 
 MESHES = ("1x1", "4x1", "1x4", "2x2")  # "1x1": the unsharded single-device runtime, the reference
@@ -90,22 +87,11 @@ def sharded(embedded_shaped_dir, cache_dir, tmp_path_factory):
         model_dir = tmp_path_factory.mktemp(name)
         tiny_checkpoint(family, model_dir, **overrides)
         jobs[name] = {"model_dir": str(model_dir), "settings": TINY_BUCKETS, "requests": requests(128)}
-    spec = {"cache_dir": str(cache_dir), "xla_dir": str(sharding_xla_dir(cache_dir)), "meshes": MESHES, "jobs": jobs}
+    spec = {"cache_dir": str(cache_dir), "xla_dir": str(source_keyed(cache_dir, "xla-sharding")), "meshes": MESHES,
+            "jobs": jobs}
     results, log = run_worker(spec)
     assert results["devices"] == ["cpu"] * 4
     return spec, results, log
-
-
-def sharding_xla_dir(cache_dir: Path) -> Path:
-    """XLA's persistent cache in the tests' cache directory, one per runtime source (the executable store's key): a
-    second run loads what the first compiled, and a changed source compiles and stores again. Keyed by the programs
-    alone, one shared cache answered a changed source's unchanged programs, which were then never stored, and a
-    second start found nothing in the store (test_second_start_loads_sharded_executables_without_tracing)."""
-    current = cache_dir / f"xla-sharding-{source_digest()[:16]}"
-    for stale in cache_dir.glob("xla-sharding*"):
-        if stale != current:
-            shutil.rmtree(stale, ignore_errors=True)
-    return current
 
 
 @pytest.mark.slow
