@@ -298,15 +298,20 @@ def matmul_shapes(shapes: dict[str, tuple[int, ...]], dtype: str, attention_dtyp
                   ) -> tuple[tuple[int, int, str], ...]:
     """Every (inner, outer, dtype) these kernels multiply a variable number of rows by, for a model with these
     arrays (runtime.model.params.array_shapes, and LoRA's): the layers' projections [Layers, I, O], the experts
-    [Layers, X, I, O] (each expert's tiles: I x O, runtime.model.experts), the norms' sums of squares, and
-    attention's scores and weighted values. What runtime.assembly.bitclasses measures."""
+    [Layers, X, I, O] (every expert at once: I x X * O, and X * I x O down; routed tiles have their own probe,
+    runtime.assembly.bitclasses.tile_rows), the norms' sums of squares, and attention's scores and weighted values.
+    What runtime.assembly.bitclasses measures."""
     found = {(shapes["embed"][1], SUM_COLUMNS, "float32"), (head_dim, KEY_BLOCK, attention_dtype),
              (KEY_BLOCK, head_dim, attention_dtype), (KEY_BLOCK, SUM_COLUMNS, attention_dtype)}
     for name, shape in shapes.items():
         base = name.removeprefix("layers.")
         if name == base or not base.startswith(("w", "experts_", "lora_")):
             continue
-        found.add((*shape[-2:], dtype))
+        if base.startswith("experts_"):  # every expert at once (SCOREFN_EXPERTS=all)
+            _, experts, inner, outer = shape
+            found.add((experts * inner, outer, dtype) if base == "experts_down" else (inner, experts * outer, dtype))
+        else:
+            found.add((*shape[1:], dtype))
     return tuple(sorted(found))
 
 
