@@ -12,8 +12,9 @@ share of a round, runtime.requests.round_builder):
     any:     now + inflight + ahead / (1 - OLDEST_SHARE) <= deadline   (it starts before SCOREFN_REQUEST_TIMEOUT_S)
     overload (offered work `load` times what the device computes, over the last 30 s and the last 5 s, above 1):
              backlog <= BACKLOG_WAITS * max_wait; while the longest small request queued would wait over
-             max_wait / 2, one request in load * packing let in whatever its kind; a small one judged as the
-             longest small request of late (within the long window)
+             max_wait / 2, one request in load * packing let in whatever its kind
+    small requests asking for more than the device computes over the last 5 s: a small one judged as the longest
+             small request of late (within the long window)
 
 Every rule refuses for work ahead of the request, never for its own: on an idle instance `wait` and the backlog are 0,
 so every request within the limits is admitted, and a large one (own over max_wait / 2, even over max_wait) is
