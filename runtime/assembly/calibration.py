@@ -24,7 +24,18 @@ def calibrate(scorer: Scorer, grow_until: float = 2.0, step_cap_s: float = 0.3) 
     launcher threads), the last full bucket runs beside the completion bucket (or the full bucket before it): their
     overlap, the seconds of both at once over the sum of each alone. On the development CPU three to five buckets; on
     an accelerator each run takes milliseconds.
+
+    The prefix cache is set aside meanwhile: its hits would price a full bucket's second run as a cascade (a row of
+    MIN_TOKENS or more is kept), and calibration's rows are no prompt a client sends.
     """
+    cache, scorer.prefix_cache = scorer.prefix_cache, None
+    try:
+        return _calibrate(scorer, grow_until, step_cap_s)
+    finally:
+        scorer.prefix_cache = cache
+
+
+def _calibrate(scorer: Scorer, grow_until: float, step_cap_s: float) -> ServiceModel:
     plan = scorer.plan
 
     def timed(*jobs) -> tuple[Work, float]:

@@ -1,0 +1,105 @@
+"""The prefix cache under a stream of distinct long prompts, through real HTTP (issue 67's soak): 500 requests of
+1,000-token prompts, each kept and, once the cache is full, each evicting the least recently used. The cache's bytes
+never go above SCOREFN_PREFIX_CACHE_BYTES, evictions are counted, the server's memory stays flat once the cache is
+full, and every answer has the bits of a server with the cache off; the first prompt, evicted long since, gives its
+bits again, and the last, still held, is read from the cache with the same bits.
+
+A tiny Llama with SmolLM2's tokenizer: the cache's bookkeeping, memory and bits are what is shown, at a fraction of
+the embedded model's cost (its hits' bits on the real model: test_http.py)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import random
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+
+from runtime.tools.serverproc import ServerProcess
+from tests.runtime.conftest import tiny_served
+
+pytestmark = pytest.mark.slow
+REQUESTS = 500
+PROMPT_TOKENS = 1000
+HELD = 16  # entries the cache has room for
+CONTEXT = 1024  # the context bucket a 1,000-token prompt's kept prefix (960 tokens: whole blocks) fills
+SOAK = {"SCOREFN_DTYPE": "float32", "SCOREFN_LENGTH_BUCKETS": f"32,{CONTEXT}", "SCOREFN_BATCH_BUCKETS": "1,4",
+        "SCOREFN_CONTEXT_BUCKETS": str(CONTEXT), "SCOREFN_SUFFIX_LENGTH_BUCKETS": "64",
+        "SCOREFN_SUFFIX_BATCH_BUCKETS": "4", "SCOREFN_MAX_LABELS": "4", "SCOREFN_MAX_WAIT_S": "600"}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, embedded_dir):
+    directory = tmp_path_factory.mktemp("tiny-long")
+    tiny_served("llama", directory, embedded_dir, max_position_embeddings=2 * CONTEXT)
+    return directory
+
+
+def entry_bytes(model) -> int:
+    """An entry's keys and values: [layers, context bucket, kv heads, head dim] float32, twice."""
+    cfg = json.loads((model / "config.json").read_text())
+    return 2 * cfg["num_hidden_layers"] * CONTEXT * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
+
+
+def prompts() -> list[list[int]]:
+    rng = random.Random(67)
+    return [[rng.randrange(100, 49000) for _ in range(PROMPT_TOKENS)] for _ in range(REQUESTS)]
+
+
+def score(client: httpx.Client, url: str, prompt: list[int]) -> dict:
+    response = client.post(url + "/v1/score", json={"query": prompt, "items": [[prompt[0]]],
+                                                     "label_token_ids": [7042, 4528]}, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def metrics(client: httpx.Client, url: str) -> dict[str, float]:
+    values = {}
+    for line in client.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("scorefn_prefix_cache_") and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def rss_mb(process: psutil.Process) -> float:
+    """The server's resident memory, granian's worker included."""
+    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20
+
+
+def test_distinct_long_prompts_keep_the_cache_within_its_bytes_and_memory_flat_with_the_bits_of_no_cache(model):
+    capacity = HELD * entry_bytes(model)
+    sent = prompts()
+    answers, rss = [], []
+    with ServerProcess(env={**SOAK, "SCOREFN_MODEL": str(model), "SCOREFN_PREFIX_CACHE_BYTES": str(capacity)}) \
+            as server, httpx.Client() as client:
+        process = psutil.Process(server.proc.pid)
+        for i, prompt in enumerate(sent):
+            answers.append(score(client, server.url, prompt))
+            held = metrics(client, server.url)
+            assert held["scorefn_prefix_cache_bytes"] <= capacity, i
+            assert held["scorefn_prefix_cache_bytes"] == min(i + 1, HELD) * entry_bytes(model), i
+            if i % 10 == 9:
+                rss.append(rss_mb(process))
+        evictions = metrics(client, server.url)["scorefn_prefix_cache_evictions_total"]
+        again_first, again_last = score(client, server.url, sent[0]), score(client, server.url, sent[-1])
+    assert [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers] == [0] * REQUESTS
+    assert evictions == REQUESTS - HELD
+    # Flat once full: over the second half, less growth than a quarter of what keeping each evicted entry would add.
+    half = rss[len(rss) // 2:]
+    leak_mb = (REQUESTS // 2) * entry_bytes(model) / 2**20
+    assert half[-1] - half[0] < leak_mb / 4, (rss, leak_mb)
+    kept = PROMPT_TOKENS // 64 * 64
+    assert again_first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # evicted: computed afresh
+    assert again_last["usage"]["prompt_tokens_details"]["cached_tokens"] == kept
+    assert again_first["scores"] == answers[0]["scores"] and again_last["scores"] == answers[-1]["scores"]
+
+    # Four at a time: rows of several requests share device batches, whose bits are each row's alone (batch-invariant).
+    with ServerProcess(env={**SOAK, "SCOREFN_MODEL": str(model), "SCOREFN_PREFIX_CACHE_BYTES": "0"}) as server, \
+            httpx.Client() as client, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        uncached = list(pool.map(lambda prompt: score(client, server.url, prompt), sent))
+    for i, (got, expected) in enumerate(zip(answers, uncached)):
+        assert np.array_equal(np.asarray(got["scores"]), np.asarray(expected["scores"])), i
