@@ -24,9 +24,10 @@ def named(spans: list, trace_id: str) -> dict[str, object]:
     return {span.name: span for span in spans if span.trace_id.hex() == trace_id}
 
 
-def test_the_server_exports_spans_that_continue_the_trace_sent_in_traceparent():
+def test_the_server_exports_spans_that_continue_the_trace_sent_in_traceparent(tiny_llama_dir):
+    # A tiny model: the spans, not the scores, are what is shown.
     receiver = OtlpReceiver()
-    env = {**FUNCTIONAL, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50",
+    env = {**FUNCTIONAL, "SCOREFN_MODEL": str(tiny_llama_dir), "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50",
            "OTEL_SERVICE_NAME": "scorefn-e2e", "GOOGLE_CLOUD_PROJECT": "my-project"}
     try:
         with ServerProcess(env=env) as server:
