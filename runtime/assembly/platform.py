@@ -33,8 +33,9 @@ from runtime.settings import Settings
 log = logging.getLogger("scorefn.runtime")
 
 DEFAULT_BUCKETS = {  # backend -> (batch buckets, suffix batch buckets, max tokens of one bucket, completion batches)
-    # CPU suffix batches 4, 16 (not 8, 32): docs/how-it-works/platform.md's table has the measurements.
-    "cpu": ((1, 2, 4, 8, 16, 32), (4, 16), 16384, (1, 8)),
+    # CPU suffix batches 4, 16 (not 8, 32), and 1: a request's one text after a cached prompt (the prefix cache's W7)
+    # computes its own row, not four. docs/how-it-works/platform.md's table has the measurements.
+    "cpu": ((1, 2, 4, 8, 16, 32), (1, 4, 16), 16384, (1, 8)),
     "accelerator": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (8, 32, 128, 256, 512), 65536, (1, 16)),
 }
 # Accelerators' batch-invariant kernels run the token stream in chunks of this many tokens (one GEMM shape per matmul,

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from runtime.interface import Sampling
-from runtime.requests.prefix_cache import BLOCK, MIN_TOKENS
+from runtime.requests.prefix_cache import MIN_TOKENS
 from runtime.shapes.buckets import BucketPlan, fit
 
 
@@ -133,8 +133,8 @@ def plan_context(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: int |
                  cached: Callable[[Job, int], int] | None = None) -> Context:
     """The cheapest way to score a job's rows (padded tokens plus a device batch's price): in full, after its shared
     prefix computed once, or, with a prefix cache (`cached(job, limit)`: how many of its first `limit` tokens it
-    holds), after its cached leading tokens. A job scored in full whose leading MIN_TOKENS or more (whole blocks,
-    up to its first read) could be cached computes them apart instead, so that the next request finds them."""
+    holds), after its cached leading tokens. A job scored in full whose leading MIN_TOKENS or more (up to its first
+    read) could be cached computes them apart instead, so that the next request finds them."""
     if isinstance(job, TokenJob):
         return Context()
     shared = shared_prefix_length(plan, job, rope_length_limit)
@@ -150,7 +150,9 @@ def plan_context(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: int |
         options.append((fit(plan.contexts(), shared) + plan.batch_overhead_tokens + _cascade_cost(plan, job, shared),
                         Context(shared, keep=True)))
     best = min(options, key=lambda option: option[0])[1]
-    aligned = limit // BLOCK * BLOCK
-    if best.length == 0 and aligned >= MIN_TOKENS and _can_cascade(plan, job, aligned, rope_length_limit):
-        return Context(aligned, keep=True)
+    # All it can (up to its first read, within the largest context): a later prompt that shares part of its last
+    # block finds that part too (runtime.requests.prefix_cache).
+    kept = min(limit, plan.contexts()[-1]) if plan.contexts() else 0
+    if best.length == 0 and kept >= MIN_TOKENS and _can_cascade(plan, job, kept, rope_length_limit):
+        return Context(kept, keep=True)
     return best

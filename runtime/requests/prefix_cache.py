@@ -6,7 +6,9 @@ An entry is one shared context as the scorer computed it (runtime.requests.score
 values, [layers, context bucket, kv heads, head dim] each, on the device), for one token prefix. It is found by a hash
 chained over fixed blocks of BLOCK tokens, seeded with the adapter and the request's `cache_salt`: each of its block
 boundaries, and its own length, is a key. A request reuses the longest cached run of its leading tokens, up to where
-its rows are read, and scores the rest after it (the `hidden_after_context` programs, with the context's length the
+its rows are read: the longest key it shares with an entry, then on through the entry's own tokens as far as they
+agree (a few-shot prompt that ends inside a block, followed by each request's own text, is found whole once one
+request has kept it with its text); it scores the rest after it (the `hidden_after_context` programs, with the context's length the
 hit's): keys and values are causal, so an entry's first n positions are the keys and values of any prompt that
 shares those n tokens. With batch-invariant kernels (runtime.model.invariant: keys in fixed blocks at absolute
 positions) the cascade is one pass over the whole sequence bit for bit, so a hit, a partial hit and a miss give the
@@ -46,8 +48,9 @@ class Hit:
 class _Entry:
     kv: tuple[Any, Any]
     context: int
-    nbytes: int
+    nbytes: int  # of its keys and values
     keys: list[bytes]
+    tokens: np.ndarray  # the prefix it holds, int64
 
 
 def _seed(adapter: int, salt: str | None) -> bytes:
@@ -91,7 +94,7 @@ class PrefixCache:
         """How many of tokens[:limit] are cached (0: none), without counting or touching anything: admission's
         price. `pending`: also those a queued request will compute and keep (`expect`), as of `now`."""
         keys = _keys(tokens, limit, adapter, salt) if limit > 0 else []
-        found = self._find(keys)
+        found = self._find(keys, tokens, limit)
         held = found[0] if found else 0
         if pending and self._pending:
             now = time.monotonic() if now is None else now
@@ -117,7 +120,7 @@ class PrefixCache:
 
     def lookup(self, tokens: Sequence[int], limit: int, adapter: int = 0, salt: str | None = None) -> Hit | None:
         """The longest cached run of tokens[:limit], marked recently used and counted."""
-        found = self._find(_keys(tokens, limit, adapter, salt) if limit > 0 else [])
+        found = self._find(_keys(tokens, limit, adapter, salt) if limit > 0 else [], tokens, limit)
         with self._lock:
             self.query_tokens += limit
             if found is None or found[1] not in self._entries:
@@ -128,13 +131,18 @@ class PrefixCache:
             self.hit_tokens += length
             return Hit(length, entry.kv, entry.context)
 
-    def _find(self, keys: list[tuple[int, bytes]]) -> tuple[int, int] | None:
-        """(length, entry) of the longest of `keys` held (_keys' order: the shortest first), or None."""
+    def _find(self, keys: list[tuple[int, bytes]], tokens: Sequence[int], limit: int) -> tuple[int, int] | None:
+        """(length, entry) of the longest of `keys` held (_keys' order: the shortest first), extended through the
+        entry's own tokens while they agree with `tokens`, up to `limit`; or None."""
         with self._lock:
             for length, key in reversed(keys):
                 holders = self._index.get(key)
                 if holders:
-                    return length, next(reversed(holders))  # the newest entry that holds it
+                    entry_id = next(reversed(holders))  # the newest entry that holds it
+                    held = self._entries[entry_id].tokens[length:limit]
+                    ours = np.asarray(tokens[length:limit], np.int64)[: len(held)]
+                    differ = np.flatnonzero(held[: len(ours)] != ours)
+                    return length + (int(differ[0]) if differ.size else len(ours)), entry_id
         return None
 
     def insert(self, tokens: Sequence[int], length: int, kv: tuple[Any, Any], context: int, adapter: int = 0,
@@ -155,7 +163,8 @@ class PrefixCache:
             while self.bytes + nbytes > self.capacity_bytes and self._entries:
                 self._evict(next(iter(self._entries)))
             entry_id = next(self._ids)
-            self._entries[entry_id] = _Entry(kv, context, nbytes, [key for _, key in keys])
+            self._entries[entry_id] = _Entry(kv, context, nbytes, [key for _, key in keys],
+                                             np.asarray(tokens[:length], np.int64))
             for end, key in keys:
                 self._index.setdefault(key, {})[entry_id] = end
             self.bytes += nbytes

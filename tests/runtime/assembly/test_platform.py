@@ -85,7 +85,7 @@ def test_cpu_defaults():
     assert platform.dtype == "float32"
     assert platform.kernels.attention == "xla" and platform.kernels.attention_dtype == "float32"
     assert not platform.kernels.unroll and platform.kernels.matmul_precision is None
-    assert platform.layout == GridLayout((1, 2, 4, 8, 16, 32), (8, 12, 16, 24, 32, 48, 64, 128), (4, 16))
+    assert platform.layout == GridLayout((1, 2, 4, 8, 16, 32), (8, 12, 16, 24, 32, 48, 64, 128), (1, 4, 16))
     assert platform.max_bucket_tokens == 16384
     assert platform.kernels.batch_invariant
 

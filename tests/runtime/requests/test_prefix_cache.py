@@ -22,18 +22,20 @@ def tokens(seed: int, n: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, VOCAB, n).tolist()
 
 
-def test_the_longest_cached_run_is_found_at_a_block_boundary_or_its_exact_length():
+def test_the_longest_cached_run_is_found_at_a_block_boundary_or_its_exact_length_then_through_its_tokens():
     cache = PrefixCache(10 * ENTRY_BYTES)
     prompt = tokens(0, 200)
     assert cache.insert(prompt, 200, KV, 256)
     assert cache.peek(prompt, 200) == 200  # the exact prefix, inside a block
-    assert cache.peek(prompt + [1, 2], 202) == 3 * BLOCK  # longer: its last whole block held
+    assert cache.peek(prompt + [1, 2], 202) == 200  # longer: all the entry holds
     other = prompt[:130] + tokens(1, 70)
-    assert cache.peek(other, 200) == 2 * BLOCK  # shares two whole blocks and a bit
+    assert cache.peek(other, 200) == 130  # two whole blocks, then the entry's tokens as far as they agree
+    assert cache.peek(other, 100) == 100  # never past the limit
+    assert cache.peek(prompt[:60] + tokens(1, 140), 200) == 0  # not one whole block
     assert cache.peek(tokens(2, 200), 200) == 0
     hit = cache.lookup(other, 200)
-    assert hit.length == 2 * BLOCK and hit.kv is KV and hit.context == 256
-    assert cache.query_tokens == 200 and cache.hit_tokens == 2 * BLOCK
+    assert hit.length == 130 and hit.kv is KV and hit.context == 256
+    assert cache.query_tokens == 200 and cache.hit_tokens == 130
     assert not cache.insert(prompt, 200, KV, 256)  # held once
 
 
@@ -104,14 +106,28 @@ def test_a_query_again_and_a_prompt_that_extends_it_inside_a_block(scorers):
     first, hit = scored(cached, sequences)
     second, hit_again = scored(cached, sequences)
     assert hit == 0 and hit_again == 200 * len(items)  # the whole query, which ends inside a block
-    longer = [query + tokens(8, 10)]  # extends the cached query: its whole blocks are held, the rest computed
+    longer = [query + tokens(8, 10)]  # extends the cached query, which ends inside a block: all of it is read
     extended, partial = scored(cached, longer)
-    assert partial == 3 * BLOCK
+    assert partial == 200
     for ours, expected in ((first, sequences), (second, sequences), (extended, longer)):
         assert np.array_equal(ours, plain.score(expected, [0, 5, 127]))
     # evicted, then computed again: the same bits
     cached.prefix_cache.clear()
     assert np.array_equal(scored(cached, sequences)[0], first)
+
+
+def test_a_prompt_that_ends_inside_a_block_is_read_whole_once_a_request_kept_it_with_its_text(scorers):
+    """A few-shot prompt, then each request's own text: the first request keeps all it can (prompt and text), and the
+    next ones read the prompt up to its last token, where their texts part (not only its whole blocks)."""
+    plain, cached = scorers
+    cached.prefix_cache.clear()
+    prompt = tokens(15, 200)
+    texts = [prompt + tokens(60 + i, 60) for i in range(3)]
+    first, hit = scored(cached, [texts[0]])
+    assert hit == 0 and np.array_equal(first, plain.score([texts[0]], [0, 5, 127]))
+    for text in texts[1:]:
+        ours, hit = scored(cached, [text])
+        assert hit == 200 and np.array_equal(ours, plain.score([text], [0, 5, 127]))
 
 
 def test_another_salt_shares_nothing_and_gets_the_same_bits(scorers):
