@@ -15,9 +15,9 @@ import random
 
 import httpx
 import numpy as np
-import psutil
 import pytest
 
+from loadtests.rss import RssSampler
 from runtime.tools.serverproc import ServerProcess
 from tests.runtime.conftest import tiny_served
 
@@ -65,25 +65,20 @@ def metrics(client: httpx.Client, url: str) -> dict[str, float]:
     return values
 
 
-def rss_mb(process: psutil.Process) -> float:
-    """The server's resident memory, granian's worker included."""
-    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]) / 2**20
-
-
 def test_distinct_long_prompts_keep_the_cache_within_its_bytes_and_memory_flat_with_the_bits_of_no_cache(model):
     capacity = HELD * entry_bytes(model)
     sent = prompts()
     answers, rss = [], []
     with ServerProcess(env={**SOAK, "SCOREFN_MODEL": str(model), "SCOREFN_PREFIX_CACHE_BYTES": str(capacity)}) \
             as server, httpx.Client() as client:
-        process = psutil.Process(server.proc.pid)
+        memory = RssSampler(server.proc.pid, interval=0)  # read by hand, after every tenth request
         for i, prompt in enumerate(sent):
             answers.append(score(client, server.url, prompt))
             held = metrics(client, server.url)
             assert held["scorefn_prefix_cache_bytes"] <= capacity, i
             assert held["scorefn_prefix_cache_bytes"] == min(i + 1, HELD) * entry_bytes(model), i
             if i % 10 == 9:
-                rss.append(rss_mb(process))
+                rss.append(memory.rss_mb())
         evictions = metrics(client, server.url)["scorefn_prefix_cache_evictions_total"]
         again_first, again_last = score(client, server.url, sent[0]), score(client, server.url, sent[-1])
     assert [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers] == [0] * REQUESTS
