@@ -70,8 +70,9 @@ LONGEST_FIRST = (
     "tests/e2e/test_batch_invariance.py", "tests/runtime/model/test_parity_embedded.py",
     "tests/runtime/model/test_token_logprobs.py", "tests/runtime/tasks/test_rerank_models.py",
     "tests/runtime/tasks/test_classify_models.py", "tests/e2e/test_schema_fuzz.py", "tests/e2e/test_lora_http.py",
-    "tests/e2e/test_lm_eval.py", "tests/e2e/test_prefix_cache_soak.py", "tests/e2e/test_failed_start.py", "tests/runtime/model/test_label_tokens.py",
-    "tests/e2e/test_http.py", "tests/runtime/model/test_pallas_attention.py",
+    "tests/e2e/test_lm_eval.py", "tests/e2e/test_prefix_cache_soak.py", "tests/e2e/test_failed_start.py",
+    "tests/runtime/model/test_label_tokens.py", "tests/e2e/test_http.py",
+    "tests/runtime/model/test_pallas_attention.py",
 )
 
 

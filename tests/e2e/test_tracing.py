@@ -27,8 +27,8 @@ def named(spans: list, trace_id: str) -> dict[str, object]:
 def test_the_server_exports_spans_that_continue_the_trace_sent_in_traceparent(tiny_llama_dir):
     # A tiny model: the spans, not the scores, are what is shown.
     receiver = OtlpReceiver()
-    env = {**FUNCTIONAL, "SCOREFN_MODEL": str(tiny_llama_dir), "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50",
-           "OTEL_SERVICE_NAME": "scorefn-e2e", "GOOGLE_CLOUD_PROJECT": "my-project"}
+    env = {**FUNCTIONAL, "SCOREFN_MODEL": str(tiny_llama_dir), "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+           "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "scorefn-e2e", "GOOGLE_CLOUD_PROJECT": "my-project"}
     try:
         with ServerProcess(env=env) as server:
             request = urllib.request.Request(
