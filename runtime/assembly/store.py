@@ -19,6 +19,7 @@ import shutil
 import threading
 import zlib
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import flax
@@ -264,14 +265,14 @@ def fingerprint_parts(model: nnx.Module, state: Any, devices: list, mesh_shape: 
         "model": [repr(model.cfg), str(model.dtype), repr(model.kernels), model.window],
         "state": [(jax.tree_util.keystr(path), list(x.shape), str(x.dtype), _spec(x))
                   for path, x in jax.tree_util.tree_flatten_with_path(state)[0]],
-        "env": _compile_env(),
+        "env": compile_env(),
         "config": [str(jax.config.jax_default_matmul_precision), bool(jax.config.jax_enable_x64)],
     }
 
 
-def _compile_env() -> list[tuple[str, str]]:
+def compile_env(environ: Mapping[str, str] = os.environ) -> list[tuple[str, str]]:
     """The JAX_/XLA_ variables that shape a compile; XLA_FLAGS without the ISA cap, which "cpu" already says."""
-    env = ((k, MAX_ISA.sub("", v).strip()) for k, v in os.environ.items()
+    env = ((k, MAX_ISA.sub("", v).strip()) for k, v in environ.items()
            if k.startswith(("JAX_", "XLA_")) and not k.startswith(_RUNTIME_ONLY_ENV))
     return sorted((k, v) for k, v in env if v)
 

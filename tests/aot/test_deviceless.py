@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from runtime.assembly.platform import ACCELERATOR_STREAM_CHUNK
+from runtime.assembly.store import compile_env
 from tests.conftest import CACHE_DIR, REPO
 
 AOT_PYTHON = Path(os.environ.get("SCOREFN_AOT_PYTHON", REPO / ".venv-aot" / "bin" / "python"))
@@ -107,9 +108,7 @@ def report_key(spec: dict, repo: Path = REPO, environ: Mapping[str, str] = os.en
                  repo / "lock" / "aot.txt"]:
         digest.update(f"{path.relative_to(repo)}".encode() + b"\0" + path.read_bytes() + b"\0")
     cases = [{**case, "config_dir": (Path(case["config_dir"]) / "config.json").read_text()} for case in spec["cases"]]
-    env = sorted((k, v) for k, v in environ.items()
-                 if k.startswith(("JAX_", "XLA_")) and k != "JAX_COMPILATION_CACHE_DIR")
-    digest.update(json.dumps([cases, env]).encode())
+    digest.update(json.dumps([cases, compile_env(environ)]).encode())
     return digest.hexdigest()[:24]
 
 
