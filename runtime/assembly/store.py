@@ -14,8 +14,6 @@ import json
 import logging
 import os
 import pickle
-import re
-import shutil
 import threading
 import zlib
 from pathlib import Path
@@ -66,39 +64,16 @@ def install_listeners() -> None:
 
 
 def enable_persistent_cache(directory: str | Path) -> None:
-    """Point JAX's persistent compilation cache at `directory`/cpu-<the class compiled for>-<source>, caching every
+    """Point JAX's persistent compilation cache at `directory`/cpu-<the class compiled for>, caching every
     executable. Its keys do not say which CPU features the machine code needs: an image's entries from an AMX
-    build host could stop an AVX2 host on an illegal instruction, so each class has its own; and one per runtime
-    source (source_keyed)."""
-    directory = source_keyed(Path(directory), f"cpu-{compile_class()}")
+    build host could stop an AVX2 host on an illegal instruction, so each class has its own."""
+    directory = Path(directory) / f"cpu-{compile_class()}"
     directory.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     compilation_cache.reset_cache()  # so a new directory takes effect in a process that compiled before
     install_listeners()
-
-
-def source_keyed(directory: Path, name: str, keep: int = 3) -> Path:
-    """`directory`/`name`-<digest of this runtime's source>. A persistent cache keyed by the programs alone, as JAX
-    keys it, answered a changed source's unchanged programs, and an executable loaded from it cannot be stored
-    (Executables.add): after an edit or an upgrade the store stayed empty, and every start traced and lowered its
-    programs again. Of the other sources' directories the `keep` - 1 written last stay (another checkout or version
-    running beside this one still writes there); the older ones, and the one a release before this keying used, are
-    removed."""
-    current = directory / f"{name}-{source_digest()[:16]}"
-    others = []
-    for path in directory.glob(f"{name}-*"):
-        with contextlib.suppress(OSError):  # removed meanwhile by another process
-            if path != current and _DIGEST.fullmatch(path.name[len(name) + 1:]):
-                others.append((path.stat().st_mtime, path))
-    stale = [path for _, path in sorted(others, reverse=True)[keep - 1:]]
-    for path in [*stale, directory / name]:
-        shutil.rmtree(path, ignore_errors=True)
-    return current
-
-
-_DIGEST = re.compile(r"[0-9a-f]{16}")
 
 
 def cache_events() -> dict[str, int]:

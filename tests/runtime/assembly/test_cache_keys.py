@@ -74,32 +74,3 @@ def test_a_changed_flag_or_jaxlib_misses_the_persistent_cache(tmp_path, monkeypa
     assert misses_compiling() == 0
     monkeypatch.setattr(cache_key, "jaxlib_version_str", "0.0.0")
     assert misses_compiling() == 1
-
-
-def test_a_changed_source_compiles_afresh_so_its_executables_are_stored(tmp_path, monkeypatch):
-    """JAX's key is the program: an edit elsewhere in the runtime left it unchanged, the compile came from the cache,
-    and such an executable is never stored (runtime.assembly.executables). Each source has its own cache directory;
-    of the other sources' the two written last stay, and the older ones and an unkeyed one (before this) go."""
-    source = tmp_path / "model" / "extra.py"
-    source.parent.mkdir()
-    files = store.source_files()
-    monkeypatch.setattr(store, "source_files", lambda: [*files, source])
-    legacy = tmp_path / "xla" / f"cpu-{store.compile_class()}"
-    legacy.mkdir(parents=True)
-    x = jnp.arange(8.0)
-
-    def misses_compiling() -> int:
-        jax.clear_caches()
-        before = store.cache_events()["misses"]
-        jax.jit(lambda v: v * 5.0 - 2.0)(x).block_until_ready()
-        return store.cache_events()["misses"] - before
-
-    directories = []
-    for edit in range(4):
-        source.write_text(f"x = {edit}\n")
-        store.enable_persistent_cache(tmp_path / "xla")
-        directories.append(jax.config.jax_compilation_cache_dir)
-        assert misses_compiling() == 1 and misses_compiling() == 0  # compiled for this source, then loaded
-    assert len(set(directories)) == 4 and not legacy.exists()
-    kept = sorted(str(p) for p in (tmp_path / "xla").iterdir())
-    assert kept == sorted(directories[1:])  # the newest three: this source's and the two before

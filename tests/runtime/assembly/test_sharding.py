@@ -18,8 +18,7 @@ from runtime.model import params
 from runtime.model.config import load_config
 from runtime.assembly.sharding import (MeshError, build_mesh_layout, check_batches, param_spec, parse_mesh,
                                        sharded_parts)
-from runtime.assembly.store import source_keyed
-from tests.conftest import REPO
+from tests.conftest import REPO, source_keyed
 from tests.runtime.conftest import random_sequences, small_plan, tiny_checkpoint
 
 MESHES = ("1x1", "4x1", "1x4", "2x2")  # "1x1": the unsharded single-device runtime, the reference
