@@ -6,7 +6,6 @@ import ast
 import copy
 import json
 import os
-import shutil
 import warnings
 import sys
 from pathlib import Path
@@ -43,20 +42,6 @@ if SERVE_ONLY.is_file():
 # one); every test starts with this one again.
 TEST_COMPILE_CACHE = CACHE_DIR / "test-xla"
 TEST_EXECUTABLES = CACHE_DIR / "test-executables"
-
-
-def source_keyed(cache_dir: Path, name: str) -> Path:
-    """A persistent XLA cache for a worker process that also fills the executable store, one per runtime source (the
-    store's key; older ones removed): a second run loads what the first compiled, and a changed source compiles and
-    stores again. Keyed by the programs alone, a cache shared across sources answered a changed source's unchanged
-    programs, which were then never stored, and a later start found nothing in the store (test_sharding)."""
-    from runtime.assembly.store import source_digest
-
-    current = cache_dir / f"{name}-{source_digest()[:16]}"
-    for stale in cache_dir.glob(f"{name}*"):
-        if stale != current:
-            shutil.rmtree(stale, ignore_errors=True)
-    return current
 
 
 # The longest modules (the seconds by module tests/compile_report.py prints, a fresh clone on 2 cores), first:

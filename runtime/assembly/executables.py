@@ -171,12 +171,10 @@ class Executables:
         """Compile a lowered program (or load it from the persistent cache) and store it; safe from threads."""
         hits = cache_hits_in_this_thread()
         compiled = lowered.compile(self.compiler_options)
-        # Only a fresh compilation is stored: on XLA:CPU an executable loaded from the persistent cache serializes
-        # without its generated functions ("NOT_FOUND: Function ... not found" once loaded again; jaxlib 0.10.2).
-        if self.store is not None and cache_hits_in_this_thread() == hits:
+        if self.store is not None:  # loaded from the persistent cache or fresh (runtime.assembly.store._serialize)
             if not self.stored_bytes:
                 self.store.write_manifest(self.fingerprint, self.fingerprint_parts)
-            size = self.store.save(self.fingerprint, name, bucket, compiled)
+            size = self.store.save(self.fingerprint, name, bucket, compiled, cache_hits_in_this_thread() != hits)
             with self._lock:
                 self.stored_bytes[(name, bucket)] = size
         with self._lock:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import importlib.metadata
 import json
 import logging
@@ -25,6 +26,7 @@ import jax
 from flax import nnx
 from jax._src.custom_partitioning import _ShardingCallbackInfo  # see _without_partitioning_callbacks
 from jax.experimental import serialize_executable
+from jax._src import compilation_cache as jax_compilation_cache  # see _keep_cache_hits_bytes
 from jax.experimental.compilation_cache import compilation_cache
 
 from runtime.assembly.platform import MAX_ISA, backend_of, compile_class
@@ -60,7 +62,29 @@ def install_listeners() -> None:
         if not _listener_installed:
             jax.monitoring.register_event_listener(_on_event)
             jax.monitoring.register_event_duration_secs_listener(_on_duration)
+            _keep_cache_hits_bytes()
             _listener_installed = True
+
+
+def _keep_cache_hits_bytes() -> None:
+    """Leave with the thread the bytes of each executable it loads from JAX's persistent cache. XLA:CPU cannot
+    serialize such an executable again (it loses its generated functions: "NOT_FOUND: Function ... not found" once
+    loaded; jaxlib 0.10.2), but the cache's bytes are what serializing it fresh gave: the store keeps those
+    (_serialize). Else a program the cache answered (another model's, another source's with the same program) was
+    never stored, and every later start traced and lowered it again."""
+    read = jax_compilation_cache.get_executable_and_time
+
+    def read_keeping_bytes(cache_key, compile_options, backend, executable_devices):
+        executable, compile_time = read(cache_key, compile_options, backend, executable_devices)
+        if executable is not None:
+            with contextlib.suppress(Exception):  # no bytes kept: the executable is not stored, as before
+                raw = jax_compilation_cache._get_cache(backend).get(cache_key)
+                serialized, _ = jax_compilation_cache.extract_executable_and_time(
+                    jax_compilation_cache.decompress_executable(raw))
+                _this_thread.cached = (executable, serialized)
+        return executable, compile_time
+
+    jax_compilation_cache.get_executable_and_time = read_keeping_bytes
 
 
 def enable_persistent_cache(directory: str | Path) -> None:
@@ -85,6 +109,32 @@ def cache_hits_in_this_thread() -> int:
     """Persistent-cache hits of the compilations this thread ran (a compile in between that did not add one was
     fresh)."""
     return getattr(_this_thread, "hits", 0)
+
+
+def _serialize(compiled: jax.stages.Compiled, from_cache: bool) -> tuple:
+    """serialize_executable.serialize; for an executable this thread loaded from the persistent cache (its last),
+    with the cache's bytes for it (_keep_cache_hits_bytes). Raises where those were not kept."""
+    cached, _this_thread.cached = getattr(_this_thread, "cached", None), None
+    if not from_cache:
+        return serialize_executable.serialize(compiled)
+    unloaded = compiled._executable._unloaded_executable
+    if cached is None or cached[0] is not unloaded.xla_executable:
+        raise ValueError("loaded from the persistent cache, and its bytes were not kept")
+    args_info, in_tree = jax.tree_util.tree_flatten(compiled.args_info)
+    with io.BytesIO() as file:
+        _CachedBytesPickler(file, cached).dump((unloaded, args_info, compiled._no_kwargs))
+        return file.getvalue(), in_tree, compiled.out_tree
+
+
+class _CachedBytesPickler(serialize_executable._JaxPjrtPickler):
+    def __init__(self, file, cached: tuple):
+        super().__init__(file)
+        self.cached = cached
+
+    def persistent_id(self, obj):
+        if obj is self.cached[0]:
+            return ("exec", self.cached[1])
+        return super().persistent_id(obj)
 
 
 class ExecutableStore:
@@ -124,14 +174,16 @@ class ExecutableStore:
                             "instead", path, type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "")
             return None
 
-    def save(self, fingerprint: str, method: str, key: tuple, compiled: jax.stages.Compiled) -> int:
-        """Serialize and store; returns the bytes written (0 when it could not be stored)."""
+    def save(self, fingerprint: str, method: str, key: tuple, compiled: jax.stages.Compiled,
+             from_cache: bool = False) -> int:
+        """Serialize and store (`from_cache`: loaded from the persistent cache by this thread, last); returns the
+        bytes written (0 when it could not be stored)."""
         path = self._path(fingerprint, method, key)
         try:
             with _without_partitioning_callbacks(compiled):
                 # Compressed: machine code and HLO shrink 7-8x (68 to 9 MB for the embedded model's CPU set, 0.14 s
                 # to decompress on one core), so an image carries several sets in the space of one.
-                blob = zlib.compress(pickle.dumps(serialize_executable.serialize(compiled)), 6)
+                blob = zlib.compress(pickle.dumps(_serialize(compiled, from_cache)), 6)
             _write_atomic(path, blob)
             return len(blob)
         except Exception as exc:  # a read-only image, or an executable that cannot be serialized: fine

@@ -81,9 +81,8 @@ def memory_problems(rows: list[dict], target) -> list[str]:
 
 def compile_target(target_name: str, settings, json_out: str | None = None) -> dict:
     target = parse_target(target_name)
-    # The settings' own compile cache, as a start and `scorefn warmup` use: only a fresh compile is stored
-    # (runtime.assembly.executables.Executables.add), so a cache left configured by earlier work in this process
-    # (another directory holding these programs) would leave the store empty.
+    # The settings' own compile cache, as a start and `scorefn warmup` use, not one left configured by earlier work
+    # in this process.
     enable_persistent_cache(settings.xla_cache_dir)
     cfg = load_config(model_config_dir(settings.model, settings.cache_dir))
     devices = target.devices()

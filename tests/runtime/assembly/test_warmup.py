@@ -239,23 +239,34 @@ def test_a_start_takes_a_lower_classes_whole_set_with_its_format(model_dir, cach
     assert own.timings["stored"] == 0
 
 
-def test_executables_from_the_persistent_cache_are_not_stored(model_dir, cache_dir, tmp_path):
-    """XLA:CPU cannot serialize an executable it loaded from the persistent cache (it loses its generated code),
-    so only fresh compilations go into the store; a start that hit the cache leaves the store as it was."""
+def test_executables_from_the_persistent_cache_are_stored_with_the_caches_bytes(model_dir, cache_dir, tmp_path):
+    """XLA:CPU cannot serialize an executable it loaded from the persistent cache (it loses its generated code), so
+    the store keeps the cache's own bytes for it: a start that hit the cache fills the store, and the next one loads
+    every bucket from the store alone (the cache gone), computing the same bits."""
     xla_dir = tmp_path / "xla"
     first = Engine(small_settings(model_dir, cache_dir, xla_dir, batch_buckets=(2,), prefix_sharing=False))
     first.start()
+    expected = first.score([[5, 6, 7]], [1, 2])
     first.stop(5)
     store = xla_dir / "executables"
     assert len(list(store.glob("*/*.jaxexe"))) == first.plan.count()
     shutil.rmtree(store)
     second = Engine(small_settings(model_dir, cache_dir, xla_dir, batch_buckets=(2,), prefix_sharing=False))
     second.start()
+    second.stop(5)
+    assert second.timings["cache_hits"] == second.plan.count()
+    assert len(list(store.glob("*/*.jaxexe"))) == second.plan.count()
+    for cache in xla_dir.glob("cpu-*"):
+        shutil.rmtree(cache)
+    third = Engine(small_settings(model_dir, cache_dir, xla_dir, batch_buckets=(2,), prefix_sharing=False))
+    third.start()
     try:
-        assert second.timings["cache_hits"] == second.plan.count() and not list(store.glob("*/*.jaxexe"))
-        assert second.score([[5, 6, 7]], [1]).shape == (1, 1)
+        assert third.timings["stored"] == third.plan.count() and third.timings["cache_hits"] == 0
+        compiles = executables.cache_events()["backend_compiles"]
+        assert np.array_equal(third.score([[5, 6, 7]], [1, 2]), expected)
+        assert executables.cache_events()["backend_compiles"] == compiles  # every deferred bucket loaded, none compiled
     finally:
-        second.stop(5)
+        third.stop(5)
 
 
 ZEN4 = ("processor\t: 0\nmodel name\t: AMD EPYC 9B14 96-Core Processor\n"

@@ -13,7 +13,6 @@ from runtime.assembly.platform import CPU_CLASS_NAMES, cpu_format, fit_to_matmul
 from runtime.settings import load_settings
 from tests.conftest import assert_bfloat16_within_baseline, torch_label_logprobs
 from tests.runtime.conftest import scorer_for, small_plan
-from tests.runtime.model.test_token_logprobs import torch_log_softmax
 from tests.runtime.model.test_parity_tiny import ACCELERATOR
 
 PARIS, LONDON = 7042, 4528
@@ -60,14 +59,30 @@ WORDS = ("the a of to and in is was for on that with as by at from his her it an
 
 @pytest.fixture(scope="module")
 def many(torch_embedded, torch_embedded_bfloat16):
-    """41 prompts x 16 labels: (sequences, labels, transformers float32, transformers bfloat16)."""
+    """41 prompts x 16 labels: (sequences, labels, transformers float32, transformers bfloat16), and every position's
+    next-token log-probability in each (one forward of each sequence serves both: the same logits)."""
     model, tokenizer = torch_embedded
     rng = np.random.default_rng(0)
     texts = PROMPTS + [" ".join(rng.choice(WORDS, int(rng.integers(5, 26)))) for _ in range(36)]
     sequences = [tokenizer.encode(text)[:32] for text in texts]
     labels = list(range(250, 259)) + LABELS
-    return (sequences, labels, torch_label_logprobs(model, sequences, labels),
-            torch_label_logprobs(torch_embedded_bfloat16, sequences, labels))
+    (expected, every_expected), (baseline, every_baseline) = (
+        _label_and_every_position(each, sequences, labels) for each in (model, torch_embedded_bfloat16))
+    return sequences, labels, expected, baseline, every_expected, every_baseline
+
+
+def _label_and_every_position(model, sequences, labels) -> tuple[np.ndarray, np.ndarray]:
+    """tests.conftest.torch_label_logprobs and the next token's log-probability at every position of every sequence
+    (tests.runtime.model.test_token_logprobs.torch_log_softmax), from one forward of each sequence."""
+    import torch
+
+    rows, every = [], []
+    with torch.no_grad():
+        for sequence in sequences:
+            logits = model(torch.tensor([sequence])).logits[0].double()
+            rows.append(torch.log_softmax(logits[-1], dim=-1)[labels].numpy())
+            every.append(torch.log_softmax(logits, dim=-1).numpy()[np.arange(len(sequence) - 1), sequence[1:]])
+    return np.stack(rows), np.concatenate(every)
 
 
 @functools.cache
@@ -80,7 +95,7 @@ def test_each_cpu_class_computes_its_format_within_the_exactness_rules(embedded_
     """Every CPU class the platform knows, injected: its format (CPU_FORMATS) with the kernels the platform gives it
     runs here for real (this host computes both formats). float32 within 1e-3 of transformers float32 on every label;
     bfloat16 within the relative rule, on the plausible labels (log-prob > -10) and on the very unlikely ones."""
-    sequences, labels, expected, baseline = many
+    sequences, labels, expected, baseline, _, _ = many
     platform = resolve(load_settings(environ={}), backend="cpu", cpu=cpu_format(cpu_class))
     cfg = load_config(embedded_dir)
     platform = fit_to_matmuls(platform, array_shapes(cfg), cfg.head_dim, False, None)
@@ -98,7 +113,7 @@ def test_each_cpu_class_computes_its_format_within_the_exactness_rules(embedded_
 
 def test_the_accelerators_bfloat16_numerics_are_within_the_rule(embedded_dir, many):
     """What GPUs and TPUs compute (bfloat16 weights and attention, float32 softmax and accumulation), through XLA."""
-    sequences, labels, expected, baseline = many
+    sequences, labels, expected, baseline, _, _ = many
     ours = _each_format(embedded_dir, "bfloat16", ACCELERATOR).score(sequences, labels)
     plausible = expected > -10
     assert_bfloat16_within_baseline(ours[plausible], baseline[plausible], expected[plausible], "accelerator")
@@ -113,21 +128,12 @@ def test_tokenizer_matches_transformers_gguf_tokenizer(embedded_dir, torch_embed
         assert tokenizer.encode(text) == reference_tokenizer.encode(text)
 
 
-def _every_position(model, sequences) -> np.ndarray:
-    """transformers' log-probability of each next token, every position of every sequence, float64."""
-    return np.concatenate([torch_log_softmax(model, sequence)[np.arange(len(sequence) - 1), sequence[1:]]
-                           for sequence in sequences])
-
-
-def test_every_positions_bfloat16_logprobs_are_within_the_rule(embedded_dir, many, torch_embedded,
-                                                             torch_embedded_bfloat16):
+def test_every_positions_bfloat16_logprobs_are_within_the_rule(embedded_dir, many):
     """/v1/completions' echoed log-probabilities in bfloat16, the head at every position in bfloat16 as transformers
     reads it (runtime.model.heads.VocabHead.positions_weight), with this host's bfloat16 kernels: within the relative
     rule on the plausible positions. (AMD EPYC Zen 4, 2026-11-28, 702 positions: scorefn 0.018 / 0.082 / 0.119 with
     the bfloat16 head, 0.016 / 0.077 / 0.115 with a float32 one; transformers bfloat16 0.046 / 0.159 / 0.274.)"""
-    sequences = many[0]
-    expected = _every_position(torch_embedded[0], sequences)
-    baseline = _every_position(torch_embedded_bfloat16, sequences)
+    sequences, expected, baseline = many[0], many[4], many[5]
     plan = small_plan(lengths=(32,), batches=(8,), completion_batches=(8,))
     scorer = scorer_for(embedded_dir, "bfloat16", plan)
     ours = np.concatenate([row.next_logprobs[: len(s) - 1] for row, s in zip(scorer.token_logprobs(sequences),
