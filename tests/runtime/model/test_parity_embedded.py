@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -57,10 +58,19 @@ WORDS = ("the a of to and in is was for on that with as by at from his her it an
          "but not they their one all also new more").split()
 
 
-@pytest.fixture(scope="module")
-def many(torch_embedded, torch_embedded_bfloat16):
-    """41 prompts x 16 labels: (sequences, labels, transformers float32, transformers bfloat16), and every position's
+class Many(NamedTuple):
+    """41 prompts x 16 labels: transformers float32's and bfloat16's label log-probabilities, and every position's
     next-token log-probability in each (one forward of each sequence serves both: the same logits)."""
+    sequences: list[list[int]]
+    labels: list[int]
+    expected: np.ndarray
+    baseline: np.ndarray
+    every_expected: np.ndarray
+    every_baseline: np.ndarray
+
+
+@pytest.fixture(scope="module")
+def many(torch_embedded, torch_embedded_bfloat16) -> Many:
     model, tokenizer = torch_embedded
     rng = np.random.default_rng(0)
     texts = PROMPTS + [" ".join(rng.choice(WORDS, int(rng.integers(5, 26)))) for _ in range(36)]
@@ -68,7 +78,7 @@ def many(torch_embedded, torch_embedded_bfloat16):
     labels = list(range(250, 259)) + LABELS
     (expected, every_expected), (baseline, every_baseline) = (
         _label_and_every_position(each, sequences, labels) for each in (model, torch_embedded_bfloat16))
-    return sequences, labels, expected, baseline, every_expected, every_baseline
+    return Many(sequences, labels, expected, baseline, every_expected, every_baseline)
 
 
 def _label_and_every_position(model, sequences, labels) -> tuple[np.ndarray, np.ndarray]:
@@ -95,7 +105,7 @@ def test_each_cpu_class_computes_its_format_within_the_exactness_rules(embedded_
     """Every CPU class the platform knows, injected: its format (CPU_FORMATS) with the kernels the platform gives it
     runs here for real (this host computes both formats). float32 within 1e-3 of transformers float32 on every label;
     bfloat16 within the relative rule, on the plausible labels (log-prob > -10) and on the very unlikely ones."""
-    sequences, labels, expected, baseline, _, _ = many
+    sequences, labels, expected, baseline = many.sequences, many.labels, many.expected, many.baseline
     platform = resolve(load_settings(environ={}), backend="cpu", cpu=cpu_format(cpu_class))
     cfg = load_config(embedded_dir)
     platform = fit_to_matmuls(platform, array_shapes(cfg), cfg.head_dim, False, None)
@@ -113,7 +123,7 @@ def test_each_cpu_class_computes_its_format_within_the_exactness_rules(embedded_
 
 def test_the_accelerators_bfloat16_numerics_are_within_the_rule(embedded_dir, many):
     """What GPUs and TPUs compute (bfloat16 weights and attention, float32 softmax and accumulation), through XLA."""
-    sequences, labels, expected, baseline, _, _ = many
+    sequences, labels, expected, baseline = many.sequences, many.labels, many.expected, many.baseline
     ours = _each_format(embedded_dir, "bfloat16", ACCELERATOR).score(sequences, labels)
     plausible = expected > -10
     assert_bfloat16_within_baseline(ours[plausible], baseline[plausible], expected[plausible], "accelerator")
@@ -133,7 +143,7 @@ def test_every_positions_bfloat16_logprobs_are_within_the_rule(embedded_dir, man
     reads it (runtime.model.heads.VocabHead.positions_weight), with this host's bfloat16 kernels: within the relative
     rule on the plausible positions. (AMD EPYC Zen 4, 2026-11-28, 702 positions: scorefn 0.018 / 0.082 / 0.119 with
     the bfloat16 head, 0.016 / 0.077 / 0.115 with a float32 one; transformers bfloat16 0.046 / 0.159 / 0.274.)"""
-    sequences, expected, baseline = many[0], many[4], many[5]
+    sequences, expected, baseline = many.sequences, many.every_expected, many.every_baseline
     plan = small_plan(lengths=(32,), batches=(8,), completion_batches=(8,))
     scorer = scorer_for(embedded_dir, "bfloat16", plan)
     ours = np.concatenate([row.next_logprobs[: len(s) - 1] for row, s in zip(scorer.token_logprobs(sequences),
