@@ -222,7 +222,7 @@ class Engine:
                         adapter: str | None = None, cache_salt: str | None = None) -> concurrent.futures.Future:
         if self.task != "causal_lm" or adapter in adapter_heads(self.classifiers):
             raise ValueError(f"{adapter or self.model_id} is a classifier: it has no per-token log-probabilities")
-        return self._enqueue(TokenJob(sequences, sampling, self._slot(adapter)), deadline, request_id)
+        return self._enqueue(TokenJob(sequences, sampling, self._slot(adapter), cache_salt), deadline, request_id)
 
     def _slot(self, adapter: str | None) -> int:
         """A LoRA adapter's slot in the programs (runtime.model.lora: 1..n), 0 for the base model."""

@@ -64,7 +64,7 @@ class TokenLogprobsResult:
     queue_seconds: float
     device_seconds: float
     predicted: Prediction | None = None
-    cached_tokens: int = 0  # per-position log-probabilities are computed in full today (docs: the prefix cache)
+    cached_tokens: int = 0  # of the prompts' tokens, those whose keys, values and outputs the prefix cache held
 
 
 class EngineError(Exception):

@@ -143,7 +143,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Compute a request's longest common token prefix once and score items against its keys/values."),
     Setting("prefix_cache_bytes", "auto", _auto(int),
             "Bytes of prefixes' keys and values kept across requests (the prefix cache: a prompt that requests "
-            "repeat is computed once; least recently used evicted). 0: no cache. auto: an eighth of the host's "
+            "repeat is computed once; least recently used evicted). 0: no cache, and none of its programs compiled. auto: an eighth of the host's "
             "available memory at start-up on a CPU, at most 4 GiB; a quarter of the device's free memory on a GPU "
             "or TPU."),
     Setting("batch_wait_ms", "2", float,

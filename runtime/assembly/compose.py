@@ -26,7 +26,7 @@ from runtime.model.transformer import Transformer
 from runtime.assembly import attention_fit, platform as platforms
 from runtime.shapes.buckets import BucketPlan
 from runtime.assembly.executables import Executables
-from runtime.requests.prefix_cache import PrefixCache
+from runtime.requests.prefix_cache import MIN_TOKENS, PrefixCache
 from runtime.requests.scorer import Scorer
 from runtime.assembly.sharding import build_mesh_layout, parse_mesh
 from runtime.assembly.store import ExecutableStore
@@ -41,7 +41,8 @@ def bucket_plan(settings: Settings, platform) -> BucketPlan:
                       prefix_sharing=settings.prefix_sharing, layout=platform.layout,
                       completion_batches=platform.completion_batch_buckets,
                       lora=bool(lora.slots(settings.lora_adapters, settings.max_loras)),
-                      label_tokens=settings.max_label_tokens)
+                      label_tokens=settings.max_label_tokens,
+                      kept_prompts=MIN_TOKENS if settings.prefix_cache_bytes != 0 else 0)
 
 
 def executable_store(settings: Settings) -> ExecutableStore:

@@ -24,6 +24,8 @@ BINDINGS: tuple[tuple[Program, Callable], ...] = (
     (PROGRAMS["lora_class_logits"], Transformer.lora_class_logits),
     (PROGRAMS["class_logits"], Transformer.class_logits),
     (PROGRAMS["token_logprobs"], Transformer.token_logprobs),
+    (PROGRAMS["token_logprobs_context"], Transformer.token_logprobs_context),
+    (PROGRAMS["token_logprobs_after_context"], Transformer.token_logprobs_after_context),
 )
 ENTRY_POINTS: dict[Program, Callable] = dict(BINDINGS)
 

@@ -1,6 +1,7 @@
 """Every supported decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral, OLMoE, gpt-oss,
 Gemma 1/2/3, Phi-3, Granite, OLMo 2) as one Flax NNX module (Transformer), prefill only: the weights, the trunk (embedding, the loop over the
-layers, the final norm) and the entry points the compiled programs run. The families differ in data
+layers, the final norm) and the entry points the compiled programs run (those that read every position:
+runtime.model.positions). The families differ in data
 (runtime.model.config.ModelConfig), not in code paths per family: one layer body (runtime.model.decoder_layer) reads
 which norms, activation, multipliers, soft-caps and experts apply.
 
@@ -33,6 +34,7 @@ from runtime.model.config import ModelConfig
 from runtime.model.decoder_layer import DecoderLayer, lora_mask, rotary_tables
 from runtime.model.kernels import Kernels
 from runtime.model.layers import rms_norm
+from runtime.model.positions import EveryPosition
 
 F32 = jnp.float32
 
@@ -53,7 +55,7 @@ def rope_length_limit(cfg: ModelConfig, max_length: int) -> int | None:
     return min(limits) if limits and max_length > min(limits) else None
 
 
-class Transformer(nnx.Module):
+class Transformer(EveryPosition, nnx.Module):
     """Weights are given as a dict of NumPy arrays in this module's layout (runtime.model.params declares each)."""
 
     def __init__(self, cfg: ModelConfig, arrays: dict[str, np.ndarray], dtype: str = "float32",
@@ -273,21 +275,6 @@ class Transformer(nnx.Module):
     def label_logprobs(self, hidden: jax.Array, labels: jax.Array) -> jax.Array:
         """hidden [B, D], labels [B, L] (per row) -> log P(label) over the full vocabulary [B, L] float32."""
         return heads.label_logprobs(self._vocab_head(), hidden, labels)
-
-    def token_logprobs(self, tokens: jax.Array, lengths: jax.Array, temperature: jax.Array, seed: jax.Array,
-                       adapters: jax.Array):
-        """Every position's next-token distribution, read without materializing [B, T, V] logits at once.
-
-        tokens [B, T] right-padded, lengths [B]; per row a sampling temperature [B] (0: the most likely token)
-        and seed [B] (uint32) and LoRA adapter [B] (0: the base model). Returns
-          next_logprobs [B, T]: log P(tokens[t + 1]) after position t (meaningless at t >= length - 1),
-          top_ids, top_logprobs [B, T, heads.TOP_K]: the most likely next tokens after each position, best first,
-          next_id, next_logprob [B]: the token chosen after the whole row, and its log-probability.
-        The layers run here, the readout in runtime.model.heads.token_logprobs."""
-        B, T = tokens.shape
-        h, _ = self._run_layers(tokens, jnp.broadcast_to(jnp.arange(T), (B, T)), lengths=lengths, adapters=adapters)
-        return heads.token_logprobs(self._vocab_head(), h, self._pool(h, lengths - 1), tokens, lengths, temperature,
-                                    seed, self._normed, self._rows)
 
     def lora_class_logits(self, hidden: jax.Array, adapters: jax.Array) -> jax.Array:
         """A classification adapter's own head (runtime.model.lora): hidden [B, D] and each row's adapter [B] ->

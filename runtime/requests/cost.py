@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from runtime.requests.jobs import Context, Job, TokenJob, context_key, plan_context
+from runtime.requests.jobs import Context, Job, TokenJob, context_key, plan_completion, plan_context
 from runtime.shapes.buckets import BucketPlan, fit
 from runtime.shapes.layout import DeviceBatch
 
@@ -69,20 +69,32 @@ class Work:
 
 
 def plan_work(plan: BucketPlan, jobs: Sequence[Job | TokenJob], rope_length_limit: int | None = None,
-              marginal: bool = False, cached: Callable[[Job, int], int] | None = None) -> Work:
+              marginal: bool = False, cached: Callable[[Job, int], int] | None = None,
+              prompt_cached: Callable[[TokenJob, Sequence[int]], int] | None = None) -> Work:
     """The device work the scorer plans for these requests: device batches and padded tokens per kind (admission and
     the service-time estimate count in it). Requests after one context (runtime.requests.jobs.context_key) read it
     once, their items in common device batches. `marginal`: rows that share device batches with other requests'
     rows (full, completion, and items after a cached context: a prompt that repeats) pay their share of a full
     batch, as on a busy device, not a batch of their own. `cached`: the prefix cache's hits
-    (runtime.requests.jobs.plan_context): a cached context is not computed."""
+    (runtime.requests.jobs.plan_context): a cached context is not computed; `prompt_cached`: its hits for prompts
+    read at every position (runtime.requests.jobs.plan_completion)."""
     work, full_rows, token_rows = Work(), [], []
     contexts: dict[tuple, tuple[Context, list[int]]] = {}  # context_key -> (the context, its rows' rests)
+    after_prompts: dict[tuple, list[int]] = {}  # a cached prompt's tokens -> the rests read after it
     for job in jobs:
-        context = plan_context(plan, job, rope_length_limit, cached)
         if isinstance(job, TokenJob):
-            token_rows += map(len, job.sequences)
-        elif context.length:
+            for seq in job.sequences:
+                prompt = plan_completion(plan, job, seq, rope_length_limit, prompt_cached)
+                if prompt.cached:
+                    key = (job.adapter, job.cache_salt, tuple(seq[: prompt.length]))
+                    after_prompts.setdefault(key, []).append(len(seq) - prompt.length + 1)
+                elif prompt.keep:
+                    work += Work(batches=1, completion=fit(plan.contexts(), len(seq)))
+                else:
+                    token_rows.append(len(seq))
+            continue
+        context = plan_context(plan, job, rope_length_limit, cached)
+        if context.length:
             rests = contexts.setdefault(context_key(job, context), (context, []))[1]
             rests += (len(seq) - context.length for seq in job.sequences)
         else:
@@ -95,10 +107,15 @@ def plan_work(plan: BucketPlan, jobs: Sequence[Job | TokenJob], rope_length_limi
         batches = plan.split_suffixes(sorted(rests, reverse=True))
         work += Work.shared("continuation", batches, largest_continuation) if marginal and context.cached \
             else Work.of("continuation", batches)
+    def largest_completion(length: int) -> int:
+        return plan.batch_for(length, plan.completion_batches)
+    for rests in after_prompts.values():
+        batches = plan.split_completion_suffixes(rests)
+        work += Work.shared("completion", batches, largest_completion) if marginal else Work.of("completion", batches)
     for kind, batches, largest in (
             ("full", plan.split_full(full_rows), lambda length: plan.layout.full_rows(plan.limits, length)),
             ("completion", plan.split_completions(token_rows),
-             lambda length: plan.batch_for(length, plan.completion_batches))):
+             largest_completion)):
         # marginal: a device batch's share of the largest one at its length
         work += Work.shared(kind, batches, largest) if marginal else Work.of(kind, batches)
     return work

@@ -142,7 +142,8 @@ def _result(entry: Entry) -> ScoreResult | TokenLogprobsResult:
             cached = entry.cached_tokens // max(len(entry.job.label_ids), 1)
             return ScoreResult(sums, queued, entry.device_s, predicted, tokens, cached)
         return ScoreResult(values, queued, entry.device_s, predicted, cached_tokens=entry.cached_tokens)
-    return TokenLogprobsResult([sequence for part in parts for sequence in part], queued, entry.device_s, predicted)
+    return TokenLogprobsResult([sequence for part in parts for sequence in part], queued, entry.device_s, predicted,
+                               entry.cached_tokens)
 
 
 def _finite(result) -> bool:

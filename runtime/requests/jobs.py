@@ -53,6 +53,7 @@ class TokenJob:
     sequences: Sequence[Sequence[int]]
     sampling: Sequence[Sampling]  # one per sequence
     adapter: int = 0  # the LoRA adapter scoring them (runtime.model.lora: 1..S), 0 the base model
+    cache_salt: str | None = None  # prompts are shared through the prefix cache only with the same salt
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
@@ -156,3 +157,24 @@ def plan_context(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: int |
     if best.length == 0 and kept >= MIN_TOKENS and _can_cascade(plan, job, kept, rope_length_limit):
         return Context(kept, keep=True)
     return best
+
+
+def plan_completion(plan: BucketPlan, job: TokenJob, tokens: Sequence[int], rope_length_limit: int | None,
+                    cached: Callable[[TokenJob, Sequence[int]], int] | None) -> Context:
+    """How one prompt read at every position is computed, with a prefix cache (`cached(job, tokens)`: how many of its
+    leading tokens a prompt kept with its per-position outputs holds): after its cached part (`length` the tokens
+    held; the last of them is computed again, as the first position of the rest, for the log-probability of the token
+    after it), when the rest fits the buckets for it and pads fewer tokens than the whole; else whole, and kept
+    (`keep`) when it is plan.kept_prompts or longer and fits a context bucket, so that the next prompt that shares its
+    leading tokens finds them; else whole."""
+    contexts = plan.kept_prompt_contexts()
+    if cached is None or not contexts or (rope_length_limit is not None and len(tokens) > rope_length_limit):
+        return Context()
+    held = cached(job, tokens)
+    rest = len(tokens) - held + 1
+    if held >= 2 and rest <= plan.completion_suffixes()[-1] and \
+            fit(plan.completion_suffixes(), rest) < fit(plan.lengths, len(tokens)):
+        return Context(held, cached=True)
+    if plan.kept_prompts <= len(tokens) <= contexts[-1]:
+        return Context(len(tokens), keep=True)
+    return Context()

@@ -38,10 +38,12 @@ MIN_TOKENS = 4 * BLOCK
 
 @dataclasses.dataclass(frozen=True)
 class Hit:
-    """A cached context usable for `length` leading tokens: its keys and values and the context bucket they fill."""
+    """A cached context usable for `length` leading tokens: its keys and values and the context bucket they fill, and
+    its per-position outputs when a prompt read at every position kept it (`_Entry.positions`)."""
     length: int
     kv: tuple[Any, Any]
     context: int
+    positions: tuple[Any, ...] | None = None
 
 
 @dataclasses.dataclass
@@ -51,6 +53,10 @@ class _Entry:
     nbytes: int  # of its keys and values
     keys: list[bytes]
     tokens: np.ndarray  # the prefix it holds, int64
+    # A prompt read at every position (/v1/completions' echo): its next-token log-probabilities, top ids and top
+    # log-probabilities ([1, context], [1, context, k] twice), which a later prompt that shares its tokens reads for
+    # them; None for a context computed for its keys and values only.
+    positions: tuple[Any, ...] | None = None
 
 
 def _seed(adapter: int, salt: str | None) -> bytes:
@@ -90,11 +96,14 @@ class PrefixCache:
         self.hit_tokens = 0  # of which found cached
 
     def peek(self, tokens: Sequence[int], limit: int, adapter: int = 0, salt: str | None = None,
-             pending: bool = False, now: float | None = None) -> int:
+             pending: bool = False, now: float | None = None, positions: bool = False) -> int:
         """How many of tokens[:limit] are cached (0: none), without counting or touching anything: admission's
-        price. `pending`: also those a queued request will compute and keep (`expect`), as of `now`."""
+        price. `pending`: also those a queued request will compute and keep (`expect`), as of `now`. `positions`:
+        only entries with per-position outputs (a prompt read at every position reads them)."""
         keys = _keys(tokens, limit, adapter, salt) if limit > 0 else []
-        found = self._find(keys, tokens, limit)
+        found = self._find(keys, tokens, limit, positions)
+        if positions:
+            return found[0] if found else 0
         held = found[0] if found else 0
         if pending and self._pending:
             now = time.monotonic() if now is None else now
@@ -118,9 +127,10 @@ class PrefixCache:
             for key in [k for k, (_, at) in self._pending.items() if at <= now]:
                 del self._pending[key]
 
-    def lookup(self, tokens: Sequence[int], limit: int, adapter: int = 0, salt: str | None = None) -> Hit | None:
-        """The longest cached run of tokens[:limit], marked recently used and counted."""
-        found = self._find(_keys(tokens, limit, adapter, salt) if limit > 0 else [], tokens, limit)
+    def lookup(self, tokens: Sequence[int], limit: int, adapter: int = 0, salt: str | None = None,
+               positions: bool = False) -> Hit | None:
+        """The longest cached run of tokens[:limit], marked recently used and counted (`positions`: as peek's)."""
+        found = self._find(_keys(tokens, limit, adapter, salt) if limit > 0 else [], tokens, limit, positions)
         with self._lock:
             self.query_tokens += limit
             if found is None or found[1] not in self._entries:
@@ -129,16 +139,19 @@ class PrefixCache:
             entry = self._entries[entry_id]
             self._entries.move_to_end(entry_id)
             self.hit_tokens += length
-            return Hit(length, entry.kv, entry.context)
+            return Hit(length, entry.kv, entry.context, entry.positions)
 
-    def _find(self, keys: list[tuple[int, bytes]], tokens: Sequence[int], limit: int) -> tuple[int, int] | None:
+    def _find(self, keys: list[tuple[int, bytes]], tokens: Sequence[int], limit: int,
+              positions: bool = False) -> tuple[int, int] | None:
         """(length, entry) of the longest of `keys` held (_keys' order: the shortest first), extended through the
-        entry's own tokens while they agree with `tokens`, up to `limit`; or None."""
+        entry's own tokens while they agree with `tokens`, up to `limit`; or None. `positions`: only entries that
+        have per-position outputs."""
         with self._lock:
             for length, key in reversed(keys):
-                holders = self._index.get(key)
+                holders = [entry_id for entry_id in self._index.get(key, ())
+                           if not positions or self._entries[entry_id].positions is not None]
                 if holders:
-                    entry_id = next(reversed(holders))  # the newest entry that holds it
+                    entry_id = holders[-1]  # the newest entry that holds it
                     held = self._entries[entry_id].tokens[length:limit]
                     ours = np.asarray(tokens[length:limit], np.int64)[: len(held)]
                     differ = np.flatnonzero(held[: len(ours)] != ours)
@@ -146,10 +159,12 @@ class PrefixCache:
         return None
 
     def insert(self, tokens: Sequence[int], length: int, kv: tuple[Any, Any], context: int, adapter: int = 0,
-               salt: str | None = None) -> bool:
-        """Keep the keys and values of tokens[:length] (a context bucket of `context` positions); False when they
-        are larger than the whole cache or already held. Evicts the least recently used entries to make room."""
-        nbytes = int(sum(getattr(array, "nbytes", 0) for array in kv))
+               salt: str | None = None, positions: tuple[Any, ...] | None = None) -> bool:
+        """Keep the keys and values of tokens[:length] (a context bucket of `context` positions), and with
+        `positions` its per-position outputs (_Entry.positions); False when they are larger than the whole cache or
+        already held (an entry without positions gives way to one with them). Evicts the least recently used
+        entries to make room."""
+        nbytes = int(sum(getattr(array, "nbytes", 0) for array in (*kv, *(positions or ()))))
         if length <= 0:
             return False
         keys = _keys(tokens, length, adapter, salt)
@@ -158,13 +173,16 @@ class PrefixCache:
                 self._pending.pop(key, None)
             if nbytes > self.capacity_bytes:
                 return False
-            if self._index.get(keys[-1][1]):  # this very prefix is held: keep one copy
-                return False
+            held = list(self._index.get(keys[-1][1], ()))
+            if held and (positions is None or any(self._entries[i].positions is not None for i in held)):
+                return False  # this very prefix is held: keep one copy
+            for entry_id in held:  # held without per-position outputs: this one replaces it
+                self._evict(entry_id)
             while self.bytes + nbytes > self.capacity_bytes and self._entries:
                 self._evict(next(iter(self._entries)))
             entry_id = next(self._ids)
             self._entries[entry_id] = _Entry(kv, context, nbytes, [key for _, key in keys],
-                                             np.asarray(tokens[:length], np.int64))
+                                             np.asarray(tokens[:length], np.int64), positions)
             for end, key in keys:
                 self._index.setdefault(key, {})[entry_id] = end
             self.bytes += nbytes

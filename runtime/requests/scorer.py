@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from runtime.interface import Sampling, TokenLogprobs
+from runtime.requests import prompt_rows
 from runtime.requests.cost import Work, plan_work, shared_slice_rows
 from runtime.requests.jobs import Context, Job, TokenJob, context_key, plan_context
 from runtime.requests.launch import Entries, Launched, Launcher, Run
@@ -28,7 +29,6 @@ from runtime.requests.prefix_cache import Hit, PrefixCache
 from runtime.requests.rounds import RoundScorer
 from runtime.shapes.buckets import BucketPlan, SequenceTooLong, fit
 from runtime.shapes.layout import DeviceBatch
-from runtime.shapes.programs import PROGRAMS
 
 
 @dataclasses.dataclass
@@ -37,6 +37,8 @@ class Row:
     index: int  # its index in the request
     tokens: Sequence[int]
     targets: Sequence[int] | None = None  # a label of several tokens its last positions predict (Job.targets)
+    # A prompt read at every position after its first `cached` positions: their outputs are the prefix cache's
+    cached: int = 0
 
 
 @dataclasses.dataclass
@@ -113,7 +115,8 @@ class Scorer(RoundScorer):
 
     def cost(self, jobs: Sequence[Job | TokenJob], marginal: bool = False) -> Work:
         """The device work dispatch(jobs) plans (runtime.requests.cost.plan_work)."""
-        return plan_work(self.plan, jobs, self.rope_length_limit, marginal, self._held(pending=marginal))
+        return plan_work(self.plan, jobs, self.rope_length_limit, marginal, self._held(pending=marginal),
+                         self._held_prompt())
 
     def slice_rows(self, job: Job | TokenJob) -> int:
         """The fewest rows of a request worth computing in one slice (runtime.requests.cost.shared_slice_rows)."""
@@ -132,6 +135,14 @@ class Scorer(RoundScorer):
         if cache is None:
             return None
         return lambda job, limit: cache.peek(job.sequences[0], limit, job.adapter, job.cache_salt, pending)
+
+    def _held_prompt(self):
+        """How many of a prompt's leading tokens the prefix cache holds with their per-position outputs
+        (plan_completion's `cached`), or None."""
+        cache = self.prefix_cache
+        if cache is None:
+            return None
+        return lambda job, tokens: cache.peek(tokens, len(tokens), job.adapter, job.cache_salt, positions=True)
 
     def _context(self, job: Job | TokenJob) -> Context:
         return plan_context(self.plan, job, self.rope_length_limit, self._held())
@@ -167,7 +178,7 @@ class Scorer(RoundScorer):
             else:
                 launched += self._dispatch_after_prefix(rows, jobs, context.length, keep=context.keep or context.cached)
         launched += self._dispatch_full(full_rows, jobs)
-        launched += self._dispatch_tokens(token_rows, jobs)
+        launched += self._dispatch_tokens(token_rows, jobs, cached_tokens)
         return Dispatched(jobs, launched, cached_tokens)
 
     def counters(self) -> dict[str, int]:
@@ -193,7 +204,7 @@ class Scorer(RoundScorer):
                 if isinstance(job, Job):
                     results[row.job][row.index] = values[r, : self._width(job)]
                 else:
-                    results[row.job][row.index] = _token_logprobs(values, r, len(row.tokens))
+                    results[row.job][row.index] = prompt_rows.token_logprobs(values, r, len(row.tokens), row.cached)
         return results
 
     def _width(self, job: Job) -> int:
@@ -216,7 +227,7 @@ class Scorer(RoundScorer):
             def forward_and_heads(run: Run, batch=batch, arrays=arrays) -> Entries:
                 return self._read(run, *run(program, batch.bucket, *arrays), batch, rows, jobs)
             out.append(self.launcher.launch(forward_and_heads))
-            self._count(batch)
+            self.count(batch)
         return out
 
     def _dispatch_after_prefix(self, rows: list[Row], jobs: Sequence[Job], shared: int, hit: Hit | None = None,
@@ -251,10 +262,11 @@ class Scorer(RoundScorer):
                 return self._read(run, *outputs, batch, rows, jobs)
             out.append(self.launcher.launch(forward_and_heads, after=context_kv))
             self.prefix_batches += 1
-            self._count(batch)
+            self.count(batch)
         return out
 
-    def _count(self, batch: DeviceBatch) -> None:
+    def count(self, batch: DeviceBatch) -> None:
+        """A device batch run (for /metrics: mean rows per device batch)."""
         self.device_batches += 1
         self.device_rows += len(batch.members)
 
@@ -291,28 +303,6 @@ class Scorer(RoundScorer):
             out.append((run("label_logprobs", (batch.head_batch, n_labels), hidden, labels), vocabulary))
         return out
 
-    def _dispatch_tokens(self, rows: list[Row], jobs: Sequence[Job | TokenJob]) -> list[Launched]:
-        program = PROGRAMS["token_logprobs"].name
-        sequences = [row.tokens for row in rows]
-        adapters = [jobs[row.job].adapter for row in rows]
-        out = []
-        for batch in self.plan.split_completions([len(s) for s in sequences]):
-            members = [rows[i] for i in batch.members]
-            tokens, last, adapter = batch.arrays(sequences, adapters)
-            temperature = np.zeros((batch.head_batch,), np.float32)
-            seed = np.zeros((batch.head_batch,), np.uint32)
-            for r, row in enumerate(members):
-                sampling = jobs[row.job].sampling[row.index]
-                temperature[r], seed[r] = sampling.temperature, sampling.seed % 2**32
-            arrays = (tokens, last + 1, temperature, seed, adapter)
-            out.append(self.launcher.launch(lambda run, batch=batch, arrays=arrays, members=members:
-                                            [(run(program, batch.bucket, *arrays), members)]))
-            self._count(batch)
-        return out
-
-
-def _token_logprobs(values, r: int, length: int) -> TokenLogprobs:
-    """Row r of a fetched token_logprobs batch, cut to its sequence's length."""
-    next_logprobs, top_ids, top_logprobs, next_id, next_logprob = values
-    return TokenLogprobs(next_logprobs[r, : length - 1], top_ids[r, :length], top_logprobs[r, :length],
-                         int(next_id[r]), float(next_logprob[r]))
+    def _dispatch_tokens(self, rows: list[Row], jobs: Sequence[Job | TokenJob], cached_tokens: list[int]
+                         ) -> list[Launched]:
+        return prompt_rows.dispatch(self, rows, jobs, cached_tokens)

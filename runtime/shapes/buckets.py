@@ -122,6 +122,9 @@ class BucketPlan:
     batch_overhead_tokens: float = 32.0
     lora: bool = False  # LoRA adapter slots: their classification heads' program too (runtime.model.lora)
     label_tokens: int = 1  # the most tokens of a label (the positions a row's tail is read at: Job.targets)
+    # The shortest prompt read at every position that the prefix cache keeps, with its per-position outputs
+    # (runtime.requests.prefix_cache.MIN_TOKENS); 0: no prefix cache, and none of its programs compiled.
+    kept_prompts: int = 0
 
     @property
     def max_length(self) -> int:
@@ -156,6 +159,31 @@ class BucketPlan:
         return [(b, t) for t in self.lengths for b in self.completion_batches
                 if b <= self.batch_for(t, self.completion_batches)]
 
+    def kept_prompt_contexts(self) -> list[int]:
+        """The context buckets a prompt the prefix cache keeps fills (`kept_prompts` tokens or more); none without
+        the cache, completions or shared prefixes."""
+        contexts = self.contexts()
+        if not (self.kept_prompts and self.completion_batches and contexts and self.kept_prompts <= contexts[-1]):
+            return []
+        return [c for c in contexts if c >= fit(tuple(contexts), self.kept_prompts)]
+
+    def completion_suffixes(self) -> tuple[int, ...]:
+        """Length buckets of a prompt's rest read at every position after its cached part: the shortest length bucket
+        (an answer after its question) and the longest item after a shared prefix (a longer text after a prompt);
+        two, so that the cache adds few programs to compile."""
+        fitting = [t for t in self.lengths if t <= self.max_suffix] or [self.lengths[0]]
+        return tuple(sorted({fitting[0], fitting[-1]}))
+
+    def completions_after_context(self) -> list[tuple[int, int, int]]:
+        """(context, batch, length) buckets of per-position log-probabilities after a cached prompt."""
+        return [(c, b, t) for c in self.kept_prompt_contexts() for t in self.completion_suffixes()
+                for b in self.completion_batches if b <= self.batch_for(t, self.completion_batches)]
+
+    def split_completion_suffixes(self, lengths: list[int]) -> list[DeviceBatch]:
+        """Prompts' rests after their cached parts (one context), as device batches of the grid."""
+        return chunks(lengths, self.completion_suffixes(), self.completion_batches, self.max_tokens,
+                      self.batch_overhead_tokens)
+
     def heads(self) -> list[tuple[int, int]]:
         """(batch, labels) buckets of the vocabulary head: every batch a device batch's head reads."""
         shapes = self.layout.full_buckets(self.limits) + (
@@ -188,6 +216,9 @@ class BucketPlan:
         if task == "causal_lm":
             programs += [(PROGRAMS["label_logprobs"], bucket) for bucket in self.heads()]
             programs += [(PROGRAMS["token_logprobs"], bucket) for bucket in self.completions()]
+            if self.completions_after_context():
+                programs += [(PROGRAMS["token_logprobs_context"], (c,)) for c in self.kept_prompt_contexts()]
+                programs += [(PROGRAMS["token_logprobs_after_context"], b) for b in self.completions_after_context()]
             if self.lora:
                 programs += [(PROGRAMS["lora_class_logits"], (b,)) for b in self.head_batches()]
         else:

@@ -167,4 +167,16 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
             lambda s, m: (_tokens(s["batch"], s["length"]), _index(s["batch"]), ((s["batch"],), "float32"),
                           ((s["batch"],), "uint32"), _index(s["batch"])),
             lambda s: (s["batch"], s["length"], 0), every_position=True),
+    # a prompt [1, context] read at every position (as token_logprobs) and its keys and values kept (the prefix cache)
+    Program("token_logprobs_context", ("context",), "completion", ("rep",) * 5,
+            ("kv", "kv", "rep", "rep", "rep", "rep", "rep"),
+            lambda s, m: (_tokens(1, s["context"]), _index(1), ((1,), "float32"), ((1,), "uint32"), _index(1)),
+            lambda s: (1, s["context"], 0), every_position=True),
+    # token_logprobs of rows after a cached prompt's first context tokens, attending its keys and values
+    Program("token_logprobs_after_context", ("context", "batch", "length"), "completion",
+            ("kv", "kv", "rep", "batch", "batch", "batch", "batch", "batch"),
+            ("batch", "batch", "batch", "batch", "batch"),
+            lambda s, m: (*_context(s, m), _tokens(s["batch"], s["length"]), _index(s["batch"]),
+                          ((s["batch"],), "float32"), ((s["batch"],), "uint32"), _index(s["batch"])),
+            lambda s: (s["batch"], s["length"], s["context"]), every_position=True),
 )}

@@ -9,6 +9,8 @@ W5: reranking, as the built-in yes/no reranker lays a pair out: template head, a
 W6: multiple choice at scale: a 200-token query, 100 items of 20 tokens, 4 labels (answer texts) of 2-8 tokens.
 W7: a few-shot classifier: a fixed 1,500-token prompt, one 30-token input and a 4-token cue per request, 2 labels;
 100 requests (the prefix cache's workload).
+W8: lm-evaluation-harness's multiple choice as `local-completions` sends it: 25 questions of 600 tokens (a few-shot
+prompt), 4 answers of 2-12 tokens each, one prompt per answer read at every position (echo), one at a time.
 Batch: W1-256 as a batch file, each line one W1-256 request (`scorefn batch` in process, against W1-256's figure).
 LoRA: 8 seeded random adapters of rank 16 on every projection; W1-256 as 8 requests of 32 items, one adapter each
 (one device round mixes them), and W2 with one adapter, against the base model on the same requests.
@@ -33,6 +35,7 @@ W4_SIZE = (64, 256, 5)  # prompts, tokens each, top alternatives per position (e
 W5_SIZE = (27, 64, 100, 100, 22)  # head tokens, query tokens, documents, document tokens, tail tokens
 W6_SIZE = (200, 100, 20, (2, 4, 6, 8))  # query tokens, items, item tokens, each label's tokens
 W7_SIZE = (1500, 30, 4, 100)  # prompt tokens, input tokens, cue tokens, requests
+W8_SIZE = (600, 4, 25)  # question tokens, answers per question, questions
 LORA_SIZE = (8, 16, 8)  # adapters, rank, requests W1-256 is split into
 BATCH_LINES = 16  # W1-256 requests in the batch file
 FIRST_ID = 100  # generated token IDs avoid the low IDs most vocabularies reserve for special tokens
@@ -106,6 +109,16 @@ def w7_requests(vocab: int, prompt_tokens: int, input_tokens: int, cue_tokens: i
     rng = np.random.default_rng(7)
     prompt, cue = token_ids(rng, vocab, prompt_tokens), token_ids(rng, vocab, cue_tokens)
     return [prompt + token_ids(rng, vocab, input_tokens) + cue for _ in range(requests)]
+
+
+def w8_prompts(vocab: int, question_tokens: int, answers: int, questions: int) -> list[list[int]]:
+    """Each question's prompts, question by question: the question, then one answer of 2-12 tokens."""
+    rng = np.random.default_rng(8)
+    out = []
+    for _ in range(questions):
+        question = token_ids(rng, vocab, question_tokens)
+        out += [question + token_ids(rng, vocab, int(rng.integers(2, 13))) for _ in range(answers)]
+    return out
 
 
 def workloads(vocab: int) -> dict[str, tuple[list, str]]:

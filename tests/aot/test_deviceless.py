@@ -35,10 +35,13 @@ LAYERS = TINY["num_hidden_layers"]
 BUCKETS = {"length_buckets": [32, 64], "context_buckets": [32], "max_labels": 4}
 # What the other families compile: the packed layer bodies (in full, after a context) and every position's top-k.
 FAMILY_METHODS = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "token_logprobs"}
-PACKED = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "label_logprobs", "token_logprobs"}
+# The prefix cache's programs for prompts read at every position: one kept whole, the rest of one after it.
+PROMPT_CACHE = {"token_logprobs_context", "token_logprobs_after_context"}
+PACKED = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "label_logprobs", "token_logprobs",
+          *PROMPT_CACHE}
 GRID = {"hidden", "hidden_after_context"}
 INVARIANT_BODIES = {"prefill_context", *GRID}
-BODIES = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "token_logprobs", *GRID}
+BODIES = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "token_logprobs", *PROMPT_CACHE, *GRID}
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,9 @@
 1,000-token prompts, each kept and, once the cache is full, each evicting the least recently used. The cache's bytes
 never go above SCOREFN_PREFIX_CACHE_BYTES, evictions are counted, the server's memory stays flat once the cache is
 full, and every answer has the bits of a server with the cache off; the first prompt, evicted long since, gives its
-bits again, and the last, still held, is read from the cache with the same bits.
+bits again, and the last, still held, is read from the cache with the same bits. Then lm-evaluation-harness's
+multiple choice through /v1/completions (echo): each answer after its question read from the cache, with the bits of
+the server with the cache off.
 
 A tiny Llama with SmolLM2's tokenizer: the cache's bookkeeping, memory and bits are what is shown, at a fraction of
 the embedded model's cost (its hits' bits on the real model: test_http.py)."""
@@ -65,12 +67,22 @@ def metrics(client: httpx.Client, url: str) -> dict[str, float]:
     return values
 
 
-def test_distinct_long_prompts_keep_the_cache_within_its_bytes_and_memory_flat_with_the_bits_of_no_cache(model):
+@pytest.fixture(scope="module")
+def servers(model):
+    """(a server with a cache of HELD entries, one with the cache off), started together."""
+    cached = ServerProcess(env={**SOAK, "SCOREFN_MODEL": str(model),
+                                "SCOREFN_PREFIX_CACHE_BYTES": str(HELD * entry_bytes(model))})
+    with cached, ServerProcess(env={**SOAK, "SCOREFN_MODEL": str(model), "SCOREFN_PREFIX_CACHE_BYTES": "0"}) as off:
+        yield cached, off
+
+
+def test_distinct_long_prompts_keep_the_cache_within_its_bytes_and_memory_flat_with_the_bits_of_no_cache(model,
+                                                                                                        servers):
     capacity = HELD * entry_bytes(model)
     sent = prompts()
     answers, rss = [], []
-    with ServerProcess(env={**SOAK, "SCOREFN_MODEL": str(model), "SCOREFN_PREFIX_CACHE_BYTES": str(capacity)}) \
-            as server, httpx.Client() as client:
+    server, off = servers
+    with httpx.Client() as client:
         memory = RssSampler(server.proc.pid, interval=0)  # read by hand, after every tenth request
         for i, prompt in enumerate(sent):
             answers.append(score(client, server.url, prompt))
@@ -92,8 +104,34 @@ def test_distinct_long_prompts_keep_the_cache_within_its_bytes_and_memory_flat_w
     assert again_first["scores"] == answers[0]["scores"] and again_last["scores"] == answers[-1]["scores"]
 
     # Four at a time: rows of several requests share device batches, whose bits are each row's alone (batch-invariant).
-    with ServerProcess(env={**SOAK, "SCOREFN_MODEL": str(model), "SCOREFN_PREFIX_CACHE_BYTES": "0"}) as server, \
-            httpx.Client() as client, concurrent.futures.ThreadPoolExecutor(4) as pool:
-        uncached = list(pool.map(lambda prompt: score(client, server.url, prompt), sent))
+    with httpx.Client() as client, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        uncached = list(pool.map(lambda prompt: score(client, off.url, prompt), sent))
     for i, (got, expected) in enumerate(zip(answers, uncached)):
         assert np.array_equal(np.asarray(got["scores"]), np.asarray(expected["scores"])), i
+
+
+def completion(client: httpx.Client, url: str, prompt: list[int]) -> dict:
+    """lm-evaluation-harness's `local-completions` log-likelihood request: the prompt echoed with its tokens'
+    log-probabilities and top alternatives, and the token after it."""
+    response = client.post(url + "/v1/completions", json={"prompt": prompt, "echo": True, "logprobs": 5,
+                                                          "max_tokens": 1, "temperature": 0}, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_multiple_choice_answers_read_their_question_from_the_cache_with_the_bits_of_no_cache(servers):
+    """A 300-token question and four answers, a prompt each: the first is read whole and kept with its per-position
+    log-probabilities; the others compute their answer (and the question's last token) after it."""
+    rng = random.Random(68)
+    question = [rng.randrange(100, 49000) for _ in range(300)]
+    prompts = [question + [rng.randrange(100, 49000) for _ in range(n)] for n in (2, 4, 7, 12)]
+    server, off = servers
+    with httpx.Client() as client:
+        ours = [completion(client, server.url, prompt) for prompt in prompts]
+        again = completion(client, server.url, prompts[0])
+        theirs = [completion(client, off.url, prompt) for prompt in prompts]
+    held = [reply["usage"]["prompt_tokens_details"]["cached_tokens"] for reply in (*ours, again)]
+    assert held == [0] + [len(question) - 1] * 3 + [len(prompts[0]) - 1]
+    assert [reply["usage"]["prompt_tokens_details"]["cached_tokens"] for reply in theirs] == [0] * 4
+    for got, expected in zip([*ours, again], [*theirs, theirs[0]]):
+        assert got["choices"] == expected["choices"]  # every log-probability and alternative, as JSON's floats

@@ -18,7 +18,8 @@ One module per workload, in the order they run:
     adapters       LoRA (adapters mixed in one device round against the base model)
     rerank         W5 (reranking, prefix sharing on and off)
     choice         W6 (multiple choice: labels of several tokens as label rows)
-    fewshot        W7 (a few-shot classifier: the prefix cache against none and transformers' past_key_values)
+    fewshot        W7 (a few-shot classifier: the prefix cache against none and transformers' past_key_values) and
+                   W8 (lm-eval's multiple choice, read at every position: the prefix cache against none)
     batch_file     Batch (W1-256 lines through `scorefn batch` in process, against W1-256; the embedded model only)
     http_load      W3 (concurrent HTTP clients against one at a time, tracing on against off; the embedded model only)
     compile_times  --compile-times (warm-up cold and from the persistent cache, each in a fresh process: __main__)

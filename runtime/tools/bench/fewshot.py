@@ -1,15 +1,22 @@
-"""W7, the benchmark's few-shot classifier (the prefix cache's workload): a fixed prompt of 1,500 tokens, one input of
-30 tokens and a cue per request, two labels; requests one at a time, and eight at once (one round). scorefn with its
-prefix cache against scorefn without (the same compiled programs), and against the transformers script an expert
-would write: the prompt's past_key_values computed once, each input scored after a copy of them."""
+"""The prefix cache's workloads. W7, a few-shot classifier: a fixed prompt of 1,500 tokens, one input of 30 tokens and
+a cue per request, two labels; requests one at a time, and eight at once (one round). scorefn with its prefix cache
+against scorefn without (the same compiled programs), and against the transformers script an expert would write: the
+prompt's past_key_values computed once, each input scored after a copy of them. W8, lm-evaluation-harness's multiple
+choice (one prompt per answer, read at every position, one request at a time): with the cache against without, and
+whether every output has the same bits."""
 
 from __future__ import annotations
 
-from runtime.requests.jobs import Job
-from runtime.requests.prefix_cache import PrefixCache
+import dataclasses
+
+import numpy as np
+
+from runtime.interface import Sampling
+from runtime.requests.jobs import Job, TokenJob
+from runtime.requests.prefix_cache import MIN_TOKENS, PrefixCache
 from runtime.requests.scorer import Scorer
 from runtime.tools.bench.measure import alternating_runs, summarize
-from runtime.tools.workloads import FIRST_ID, W7_SIZE, w7_requests
+from runtime.tools.workloads import FIRST_ID, W7_SIZE, W8_SIZE, w7_requests, w8_prompts
 
 CLIENTS = 8  # requests at once
 
@@ -62,5 +69,49 @@ def run_w7(scorer: Scorer, baselines: dict, vocab: int, smoke: bool, quick: bool
     line += "".join(f" | torch {dt} past_key_values {entry[f'torch_{dt}_prompt_cache']['items_per_s']:.1f} "
                     f"requests/s" for dt in baselines)
     print(line, flush=True)
+    entry["scorefn"] = entry["cache"]
+    return entry
+
+
+def run_w8(scorer: Scorer, vocab: int, smoke: bool, quick: bool) -> dict:
+    """Prints its line. Both sides on the plan with the cache's programs (`scorer`'s, compiled as used), one with a
+    cache cleared before each run (an lm-eval run starts on a fresh server), one without."""
+    question_tokens, answers, questions = W8_SIZE
+    if smoke:
+        question_tokens, questions = 300, 2
+    elif quick:
+        questions = 6
+    prompts = w8_prompts(vocab, question_tokens, answers, questions)
+    plan = dataclasses.replace(scorer.plan, kept_prompts=MIN_TOKENS)
+    cached = Scorer(plan, scorer.exe, scorer.launcher.threads, PrefixCache(1 << 30))
+    plain = Scorer(plan, scorer.exe, scorer.launcher.threads)
+    outputs: dict[str, list] = {}
+    held: list[int] = []  # the tokens each prompt of the last run with the cache read from it
+
+    def run(s: Scorer, name: str) -> None:
+        if s.prefix_cache is not None:
+            s.prefix_cache.clear()
+            held.clear()
+        outputs[name] = []
+        for prompt in prompts:
+            dispatched = s.dispatch([TokenJob([prompt], [Sampling()])])
+            outputs[name] += s.collect(dispatched)[0]
+            if s.prefix_cache is not None:
+                held.append(dispatched.cached_tokens[0])
+    fns = {"cache": lambda: run(cached, "cache"), "no_cache": lambda: run(plain, "no_cache")}
+    for name in fns:  # the buckets each side reads compile before the timing (a server compiles them at start)
+        run(cached if name == "cache" else plain, name)
+    times = alternating_runs(fns, dict.fromkeys(fns, 1 if smoke or quick else 3), warmup=0)
+    entry = {name: summarize([t / len(prompts) for t in times[name]], 1) for name in fns}
+    same = all(np.array_equal(getattr(a, field), getattr(b, field)) and (a.next_id, a.next_logprob) ==
+               (b.next_id, b.next_logprob) for a, b in zip(outputs["cache"], outputs["no_cache"])
+               for field in ("next_logprobs", "top_ids", "top_logprobs"))
+    entry.update(same_bits=same, cache_vs_none=entry["cache"]["items_per_s"] / entry["no_cache"]["items_per_s"],
+                 cached_tokens=float(np.mean(held)))
+    print(f"W8 multiple choice through per-position log-probabilities ({questions} questions of {question_tokens} "
+          f"tokens, {answers} answers): with the prefix cache {entry['cache']['items_per_s']:.1f} prompts/s, "
+          f"{entry['cache_vs_none']:.2f}x without; {entry['cached_tokens']:.0f} tokens a prompt from the cache (mean); "
+          f"the same bits: "
+          f"{'yes' if same else 'NO'}", flush=True)
     entry["scorefn"] = entry["cache"]
     return entry

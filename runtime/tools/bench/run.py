@@ -23,7 +23,7 @@ from runtime.tools.bench.batch_file import run_batch
 from runtime.tools.bench.choice import run_w6
 from runtime.tools.bench.compile_times import compile_times
 from runtime.tools.bench.experts import run_moe
-from runtime.tools.bench.fewshot import run_w7
+from runtime.tools.bench.fewshot import run_w7, run_w8
 from runtime.tools.bench.http_load import W3_ENV, run_w3
 from runtime.tools.bench.logprobs import run_w4
 from runtime.tools.bench.measure import matmul_peak
@@ -124,6 +124,7 @@ def main(args: argparse.Namespace) -> int:
     report["w5"] = run_w5(scorer, settings, loaded, baselines, vocab, smoke, quick, invariant_and_not)
     report["w6"] = run_w6(scorer, baselines, vocab, smoke, quick, invariant_and_not)
     report["w7"] = run_w7(scorer, baselines, vocab, smoke, quick)
+    report["w8"] = run_w8(scorer, vocab, smoke, quick)
     report["moe"] = run_moe(settings, smoke, quick)
     if not config:  # the embedded model (or SCOREFN_MODEL): what `scorefn batch` loads by itself
         report["batch"] = run_batch(vocab, report["w1"], smoke, platform.dtype)
@@ -186,6 +187,8 @@ def _summary(report: dict, baselines: dict) -> dict:
     summary["w7_cached_share"] = round(w7["cached_share"], 3)
     for dt in baselines:
         summary[f"w7_vs_torch_{dt}_past_key_values"] = ratio(w7, f"torch_{dt}_prompt_cache")
+    summary["w8_cache_vs_none"] = round(report["w8"]["cache_vs_none"], 3)
+    summary["w8_same_bits"] = report["w8"]["same_bits"]
     moe = report["moe"]  # routed experts against all of them and against the dense model of their active parameters
     summary["moe_routed_vs_all"], summary["moe_routed_vs_dense_active"] = moe["routed_vs_all"], \
         moe["routed_vs_dense_active"]

@@ -3,20 +3,23 @@ position's next-token log-probability, the top tokens, the chosen next token, ch
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from runtime.model import heads
 from runtime.model.kernels import Kernels
 from runtime.interface import MAX_TOP_LOGPROBS, Sampling
+from runtime.requests.jobs import TokenJob
+from runtime.requests.prefix_cache import BLOCK, PrefixCache
+from runtime.requests.scorer import Scorer
 from tests.runtime.conftest import CASES, random_sequences, scorer_for, small_plan, tiny_checkpoint
 
 PLAN = small_plan(lengths=(16, 32), batches=(1, 8))
 
 
 def plan_with_completions(**changes):
-    import dataclasses
-
     return dataclasses.replace(PLAN, completion_batches=(1, 4), **changes)
 
 
@@ -111,3 +114,33 @@ def test_grouped_top_k_is_lax_top_k(vocab):
         values, ids = jax.jit(lambda a: _top_k(a, TOP_K))(x)
         expected_values, expected_ids = jax.lax.top_k(x, TOP_K)
         assert np.array_equal(values, expected_values) and np.array_equal(ids, expected_ids)
+
+
+# Prompts longer than a block of the prefix cache's keys: one kept whole (a context bucket of 96), answers after it.
+PROMPT_CACHE_PLAN = dataclasses.replace(
+    small_plan(lengths=(16, 96), batches=(1,), prefix_sharing=True, contexts=(96,), suffix_lengths=(8,)),
+    completion_batches=(4,), kept_prompts=BLOCK)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_prompts_after_a_cached_one_give_the_bits_of_no_cache(case, tmp_path):
+    """The prefix cache for prompts read at every position (runtime.requests.prefix_cache), on every family: a
+    70-token question kept with its outputs, then two answers read after it in one device batch; every output equal to
+    a scorer's without a cache. Families whose RoPE frequencies change with the length (past 24 tokens here) read
+    every prompt whole."""
+    family, overrides = CASES[case]
+    tiny_checkpoint(family, tmp_path, **overrides)
+    plain = scorer_for(tmp_path, "float32", PROMPT_CACHE_PLAN)
+    cached = Scorer(PROMPT_CACHE_PLAN, plain.exe, 1, prefix_cache=PrefixCache(1 << 28))
+    rng = np.random.default_rng(11)
+    question = rng.integers(0, 128, 70).tolist()
+    prompts = [question + [first] + rng.integers(0, 128, n).tolist() for first, n in ((1, 4), (2, 7), (3, 12))]
+    held = []
+    for batch in (prompts[:1], prompts[1:]):
+        dispatched = cached.dispatch([TokenJob(batch, [Sampling()] * len(batch))])
+        for ours, expected in zip(cached.collect(dispatched)[0], plain.token_logprobs(batch), strict=True):
+            for field in ("next_logprobs", "top_ids", "top_logprobs"):
+                assert np.array_equal(getattr(ours, field), getattr(expected, field)), field
+            assert (ours.next_id, ours.next_logprob) == (expected.next_id, expected.next_logprob)
+        held.append(dispatched.cached_tokens[0])
+    assert held == ([0, 2 * 69] if plain.rope_length_limit is None else [0, 0])

@@ -20,7 +20,7 @@ ROLES = {"batch", "kv", "rep"}
 
 def plans() -> list[BucketPlan]:
     shared = dict(lengths=(16, 32), max_tokens=4096, labels=(4, 16), context_lengths=(16,), prefix_sharing=True,
-                  completion_batches=(1, 4), lora=True)
+                  completion_batches=(1, 4), lora=True, kept_prompts=16)
     return [BucketPlan(layout=GridLayout((1, 4), (8,), (4,)), **shared),
             BucketPlan(layout=PackedLayout(width=16, rows=(1, 2), narrow=(8,), narrow_continuations=(8,),
                                            wide_rows=(1,), slots=(4, 8)), **shared)]

@@ -1,0 +1,113 @@
+"""Prompts read at every position (/v1/completions, lm-evaluation-harness's log-likelihoods): how the scorer
+(runtime.requests.scorer) dispatches their rows, and how a fetched row is put together.
+
+Each prompt is planned alone (runtime.requests.jobs.plan_completion): after the part of it a prompt kept in the prefix
+cache holds (`token_logprobs_after_context` on the rest, from the last shared token; the shared positions' outputs
+are the cache's), whole and kept (`token_logprobs_context`: its keys, values and per-position outputs in one pass), or
+whole (`token_logprobs`, rows of several requests in common device batches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from runtime.interface import TokenLogprobs
+from runtime.requests.jobs import TokenJob, plan_completion
+from runtime.requests.launch import Entries, Launched, Run
+from runtime.requests.prefix_cache import Hit
+from runtime.shapes.buckets import fit
+from runtime.shapes.programs import PROGRAMS
+
+
+def dispatch(scorer: Any, rows: list, jobs: Sequence[TokenJob], cached_tokens: list[int]) -> list[Launched]:
+    """Launch the device batches of these prompt rows (runtime.requests.scorer.Row) on `scorer`; `cached_tokens`: per
+    job, the tokens the cache held, added to."""
+    whole, after, out = [], {}, []
+    for row in rows:
+        job = jobs[row.job]
+        prompt = plan_completion(scorer.plan, job, row.tokens, scorer.rope_length_limit, scorer._held_prompt())
+        hit = scorer.prefix_cache.lookup(row.tokens, len(row.tokens), job.adapter, job.cache_salt, positions=True) \
+            if prompt.cached else None
+        if hit is not None and hit.length == prompt.length:  # else evicted since planned: computed again
+            cached_tokens[row.job] += hit.length - 1
+            after.setdefault((id(hit.kv[0]), hit.length), (hit, []))[1].append(row)
+        elif prompt.keep:
+            out.append(_kept(scorer, row, jobs))
+        else:
+            whole.append(row)
+    for hit, group in after.values():
+        out += _after(scorer, hit, group, jobs)
+    program = PROGRAMS["token_logprobs"].name
+    sequences = [row.tokens for row in whole]
+    adapters = [jobs[row.job].adapter for row in whole]
+    for batch in scorer.plan.split_completions([len(s) for s in sequences]):
+        members = [whole[i] for i in batch.members]
+        tokens, last, adapter = batch.arrays(sequences, adapters)
+        arrays = (tokens, last + 1, *_sampling(members, jobs, batch.head_batch), adapter)
+        out.append(scorer.launcher.launch(lambda run, batch=batch, arrays=arrays, members=members:
+                                          [(run(program, batch.bucket, *arrays), members)]))
+        scorer.count(batch)
+    return out
+
+
+def _kept(scorer: Any, row, jobs: Sequence[TokenJob]) -> Launched:
+    """One prompt read at every position in a context bucket, its keys, values and outputs kept in the prefix cache
+    for the prompts after it that share its leading tokens."""
+    job, length = jobs[row.job], len(row.tokens)
+    bucket = fit(tuple(scorer.plan.kept_prompt_contexts()), length)
+    tokens = np.zeros((1, bucket), np.int32)
+    tokens[0, :length] = row.tokens
+    arrays = (tokens, np.full((1,), length, np.int32), *_sampling([row], jobs, 1), np.full((1,), job.adapter, np.int32))
+    cache = scorer.prefix_cache
+
+    def read_and_keep(run: Run) -> Entries:
+        k, v, *outputs = run("token_logprobs_context", (bucket,), *arrays)
+        cache.insert(row.tokens, length, (k, v), bucket, job.adapter, job.cache_salt, tuple(outputs[:3]))
+        return [(tuple(outputs), [row])]
+    scorer.device_batches += 1
+    scorer.device_rows += 1
+    return scorer.launcher.launch(read_and_keep)
+
+
+def _after(scorer: Any, hit: Hit, rows: list, jobs: Sequence[TokenJob]) -> list[Launched]:
+    """Prompts whose first `hit.length` tokens a kept prompt holds: the last of those and the rest read after the
+    cached keys and values, the positions before it from the cache's outputs."""
+    start = hit.length - 1
+    rests = [row.tokens[start:] for row in rows]
+    program = PROGRAMS["token_logprobs_after_context"].name
+    out = []
+    for batch in scorer.plan.split_completion_suffixes([len(rest) for rest in rests]):
+        members = [dataclasses.replace(rows[i], cached=start) for i in batch.members]
+        tokens, last, adapter = batch.arrays(rests, [jobs[row.job].adapter for row in rows])
+        arrays = (tokens, last + 1, *_sampling(members, jobs, batch.head_batch), adapter)
+
+        def read(run: Run, batch=batch, arrays=arrays, members=members) -> Entries:
+            outputs = run(program, (hit.context, *batch.bucket), *hit.kv, np.int32(start), *arrays)
+            return [((*outputs, *hit.positions), members)]
+        out.append(scorer.launcher.launch(read, after=hit.kv))
+        scorer.count(batch)
+    return out
+
+
+def _sampling(members: Sequence, jobs: Sequence[TokenJob], rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's sampling temperature [rows] and seed [rows] (uint32; padding rows: 0, the most likely token)."""
+    temperature = np.zeros((rows,), np.float32)
+    seed = np.zeros((rows,), np.uint32)
+    for r, row in enumerate(members):
+        sampling = jobs[row.job].sampling[row.index]
+        temperature[r], seed[r] = sampling.temperature, sampling.seed % 2**32
+    return temperature, seed
+
+
+def token_logprobs(values, r: int, length: int, cached: int = 0) -> TokenLogprobs:
+    """Row r of a fetched batch of per-position outputs, cut to its prompt's length; with `cached`, a row of the rest
+    of a prompt after its first `cached` positions, whose outputs follow the batch's (the cache's, [1, context, ...])."""
+    next_logprobs, top_ids, top_logprobs, next_id, next_logprob = values[:5]
+    rest = length - cached
+    own = next_logprobs[r, : rest - 1], top_ids[r, :rest], top_logprobs[r, :rest]
+    if cached:
+        own = tuple(np.concatenate([held[0, :cached], mine]) for held, mine in zip(values[5:], own))
+    return TokenLogprobs(*own, int(next_id[r]), float(next_logprob[r]))
