@@ -133,3 +133,23 @@ def test_admission_prices_a_hit_as_the_tokens_it_computes(scorers):
     hit = cached.cost([job])
     assert hit.completion < miss.completion / 4 and hit == plan_work(PLAN, [job], None, False, None,
                                                                       cached._held_prompt())
+
+
+def test_the_embedded_model_in_the_hosts_format_gives_a_miss_s_bits_on_every_hit(embedded_dir):
+    """The embedded SmolLM2-135M in this host's format (bfloat16 where it multiplies bfloat16, else float32): a
+    290-token question kept, three answers read after it in one device batch, every output equal to a scorer's
+    without a cache."""
+    from runtime.assembly.platform import host_cpu_format
+
+    plan = dataclasses.replace(PLAN, lengths=(24, 320), context_lengths=(320,), kept_prompts=MIN_TOKENS)
+    plain = scorer_for(embedded_dir, host_cpu_format().dtype, plan)
+    cached = Scorer(plan, plain.exe, plain.launcher.threads, prefix_cache=PrefixCache(1 << 30))
+    rng = np.random.default_rng(12)
+    question = rng.integers(100, 49000, 290).tolist()
+    prompts = [question + [first] + rng.integers(100, 49000, n).tolist() for first, n in ((11, 1), (12, 4), (13, 9))]
+    first, held = read(cached, prompts[:1])
+    assert held == 0
+    assert_same_bits(first, plain.token_logprobs(prompts[:1]))
+    answers, held = read(cached, prompts[1:])
+    assert held == 2 * (len(question) - 1)  # the question but its last token, which each reads with its answer
+    assert_same_bits(answers, plain.token_logprobs(prompts[1:]))
