@@ -33,6 +33,8 @@ TINY = {"architectures": ["LlamaForCausalLM"], "vocab_size": 128, "hidden_size":
 LAYERS = TINY["num_hidden_layers"]
 # Two length buckets (one above the packed row width of 32: a wide row too), one context, few labels.
 BUCKETS = {"length_buckets": [32, 64], "context_buckets": [32], "max_labels": 4}
+# And a context bucket that holds a prompt the prefix cache keeps (256 tokens or more): its programs too.
+PROMPT_CACHE_BUCKETS = {**BUCKETS, "length_buckets": [32, 64, 256], "context_buckets": [32, 256]}
 # What the other families compile: the packed layer bodies (in full, after a context) and every position's top-k.
 FAMILY_METHODS = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "token_logprobs"}
 # The prefix cache's programs for prompts read at every position: one kept whole, the rest of one after it.
@@ -58,7 +60,7 @@ def deviceless(tmp_path_factory) -> dict:
     grid = {**BUCKETS, "bucket_layout": "grid", "batch_buckets": [1], "suffix_length_buckets": [8],
             "suffix_batch_buckets": [4]}
     cases = [case for name, target in (("h100", "h100"), ("tpu", "tpu-v5e")) for case in (
-        {"name": name, "target": target, "config_dir": causal, "settings": BUCKETS, "start_side": True},
+        {"name": name, "target": target, "config_dir": causal, "settings": PROMPT_CACHE_BUCKETS, "start_side": True},
         {"name": f"{name}_grid", "target": target, "config_dir": causal, "methods": sorted(GRID), "settings": grid},
         {"name": f"{name}_classify", "target": target, "config_dir": classify, "methods": ["class_logits"],
          "settings": BUCKETS})]
@@ -70,7 +72,7 @@ def deviceless(tmp_path_factory) -> dict:
               for name, target in (("h100", "h100"), ("tpu", "tpu-v5e"))]
     # LoRA adapter slots (SCOREFN_MAX_LORAS): the stacked updates are parameters, the adapters' weights never needed.
     cases += [{"name": f"{name}_lora", "target": target, "config_dir": causal, "start_side": True,
-               "settings": {**BUCKETS, "max_loras": 4, "max_lora_rank": 8}, "methods": sorted(PACKED)}
+               "settings": {**PROMPT_CACHE_BUCKETS, "max_loras": 4, "max_lora_rank": 8}, "methods": sorted(PACKED)}
               for name, target in (("h100", "h100"), ("tpu", "tpu-v5e"))]
     cases += [
         {"name": "l4_small", "target": "l4", "config_dir": causal, "methods": ["hidden_packed"], "settings": BUCKETS,
