@@ -101,7 +101,9 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     from runtime.engine import Engine
 
     started = time.perf_counter()
-    engine = Engine(load_settings())
+    # Every bucket before it returns (SCOREFN_READY=all): a start that finds none stored would otherwise turn ready
+    # after the first few and leave the rest for after ready, which a build step stopping at once never compiles.
+    engine = Engine(load_settings(ready="all"))
     engine.start()
     engine.stop(0)
     print(json.dumps({**engine.timings, "total_s": time.perf_counter() - started,
