@@ -26,9 +26,10 @@ def dispatch(scorer: Any, rows: list, jobs: Sequence[TokenJob], cached_tokens: l
     """Launch the device batches of these prompt rows (runtime.requests.scorer.Row) on `scorer`; `cached_tokens`: per
     job, the tokens the cache held, added to."""
     whole, after, out = [], {}, []
+    held = scorer.held_prompt()
     for row in rows:
         job = jobs[row.job]
-        prompt = plan_completion(scorer.plan, job, row.tokens, scorer.rope_length_limit, scorer._held_prompt())
+        prompt = plan_completion(scorer.plan, job, row.tokens, scorer.rope_length_limit, held)
         hit = scorer.prefix_cache.lookup(row.tokens, len(row.tokens), job.adapter, job.cache_salt, positions=True) \
             if prompt.cached else None
         if hit is not None and hit.length == prompt.length:  # else evicted since planned: computed again
@@ -57,7 +58,7 @@ def _kept(scorer: Any, row, jobs: Sequence[TokenJob]) -> Launched:
     """One prompt read at every position in a context bucket, its keys, values and outputs kept in the prefix cache
     for the prompts after it that share its leading tokens."""
     job, length = jobs[row.job], len(row.tokens)
-    bucket = fit(tuple(scorer.plan.kept_prompt_contexts()), length)
+    bucket = fit(scorer.plan.contexts(), length)  # as a shared prefix's (a kept prompt fits one of the kept ones)
     tokens = np.zeros((1, bucket), np.int32)
     tokens[0, :length] = row.tokens
     arrays = (tokens, np.full((1,), length, np.int32), *_sampling([row], jobs, 1), np.full((1,), job.adapter, np.int32))

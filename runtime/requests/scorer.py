@@ -116,7 +116,7 @@ class Scorer(RoundScorer):
     def cost(self, jobs: Sequence[Job | TokenJob], marginal: bool = False) -> Work:
         """The device work dispatch(jobs) plans (runtime.requests.cost.plan_work)."""
         return plan_work(self.plan, jobs, self.rope_length_limit, marginal, self._held(pending=marginal),
-                         self._held_prompt())
+                         self.held_prompt())
 
     def slice_rows(self, job: Job | TokenJob) -> int:
         """The fewest rows of a request worth computing in one slice (runtime.requests.cost.shared_slice_rows)."""
@@ -136,7 +136,7 @@ class Scorer(RoundScorer):
             return None
         return lambda job, limit: cache.peek(job.sequences[0], limit, job.adapter, job.cache_salt, pending)
 
-    def _held_prompt(self):
+    def held_prompt(self):
         """How many of a prompt's leading tokens the prefix cache holds with their per-position outputs
         (plan_completion's `cached`), or None."""
         cache = self.prefix_cache

@@ -132,7 +132,7 @@ def test_admission_prices_a_hit_as_the_tokens_it_computes(scorers):
     read(cached, [question])
     hit = cached.cost([job])
     assert hit.completion < miss.completion / 4 and hit == plan_work(PLAN, [job], None, False, None,
-                                                                      cached._held_prompt())
+                                                                      cached.held_prompt())
 
 
 def test_the_embedded_model_in_the_hosts_format_gives_a_miss_s_bits_on_every_hit(embedded_dir):
