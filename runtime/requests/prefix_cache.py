@@ -3,7 +3,9 @@ prompt that requests repeat (a few-shot classifier, a judge's rubric, a reranker
 several requests) is computed once.
 
 An entry is one shared context as the scorer computed it (runtime.requests.scorer: `prefill_context`'s keys and
-values, [layers, context bucket, kv heads, head dim] each, on the device), for one token prefix. It is found by a
+values, [layers, context bucket, kv heads, head dim] each, on the device), for one token prefix; or a prompt read at
+every position (runtime.requests.prompt_rows: `token_logprobs_context`'s keys and values and its per-position
+outputs, which only prompts read at every position use). It is found by a
 hash chained over fixed blocks of BLOCK tokens, seeded with the adapter and the request's `cache_salt`: each of its
 block boundaries, and its own length, is a key. A request reuses the longest cached run of its leading tokens, up to
 where its rows are read: the longest key it shares with an entry, then on through the entry's own tokens as far as
@@ -50,7 +52,7 @@ class Hit:
 class _Entry:
     kv: tuple[Any, Any]
     context: int
-    nbytes: int  # of its keys and values
+    nbytes: int  # of its keys and values, and of its per-position outputs
     keys: list[bytes]
     tokens: np.ndarray  # the prefix it holds, int64
     # A prompt read at every position (/v1/completions' echo): its next-token log-probabilities, top ids and top
