@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from runtime.requests.jobs import Context, Job, TokenJob, context_key, plan_completion, plan_context
+from runtime.requests.jobs import Context, Job, TokenJob, context_key, plan_context, plan_prompts
 from runtime.shapes.buckets import BucketPlan, fit
 from runtime.shapes.layout import DeviceBatch
 
@@ -77,21 +77,21 @@ def plan_work(plan: BucketPlan, jobs: Sequence[Job | TokenJob], rope_length_limi
     rows (full, completion, and items after a cached context: a prompt that repeats) pay their share of a full
     batch, as on a busy device, not a batch of their own. `cached`: the prefix cache's hits
     (runtime.requests.jobs.plan_context): a cached context is not computed; `prompt_cached`: its hits for prompts
-    read at every position (runtime.requests.jobs.plan_completion)."""
+    read at every position (runtime.requests.jobs.plan_prompts: also after a prompt the round keeps)."""
     work, full_rows, token_rows = Work(), [], []
     contexts: dict[tuple, tuple[Context, list[int]]] = {}  # context_key -> (the context, its rows' rests)
-    after_prompts: dict[tuple, list[int]] = {}  # a cached prompt's tokens -> the rests read after it
+    after_prompts: dict[tuple, list[int]] = {}  # a cached or kept prompt's tokens -> the rests read after it
+    prompts = [(job, seq) for job in jobs if isinstance(job, TokenJob) for seq in job.sequences]
+    for (job, seq), (prompt, leader) in zip(prompts, plan_prompts(plan, prompts, rope_length_limit, prompt_cached)):
+        if prompt.cached:
+            key = (job.adapter, job.cache_salt, leader, tuple(seq[: prompt.length]))
+            after_prompts.setdefault(key, []).append(len(seq) - prompt.length + 1)
+        elif prompt.keep:
+            work += Work(batches=1, completion=fit(plan.contexts(), len(seq)))
+        else:
+            token_rows.append(len(seq))
     for job in jobs:
         if isinstance(job, TokenJob):
-            for seq in job.sequences:
-                prompt = plan_completion(plan, job, seq, rope_length_limit, prompt_cached)
-                if prompt.cached:
-                    key = (job.adapter, job.cache_salt, tuple(seq[: prompt.length]))
-                    after_prompts.setdefault(key, []).append(len(seq) - prompt.length + 1)
-                elif prompt.keep:
-                    work += Work(batches=1, completion=fit(plan.contexts(), len(seq)))
-                else:
-                    token_rows.append(len(seq))
             continue
         context = plan_context(plan, job, rope_length_limit, cached)
         if context.length:

@@ -178,3 +178,25 @@ def plan_completion(plan: BucketPlan, job: TokenJob, tokens: Sequence[int], rope
     if plan.kept_prompts <= len(tokens) <= contexts[-1]:
         return Context(len(tokens), keep=True)
     return Context()
+
+
+def plan_prompts(plan: BucketPlan, prompts: Sequence[tuple[TokenJob, Sequence[int]]], rope_length_limit: int | None,
+                 cached: Callable[[TokenJob, Sequence[int]], int] | None) -> list[tuple[Context, int | None]]:
+    """plan_completion for a round's prompts, in order, each with the index of an earlier prompt of the round that it
+    reads after (or None): a prompt the cache does not serve, whose leading tokens a prompt kept earlier in the round
+    shares (lm-evaluation-harness's answers to one question in one request), reads its rest after that one's keys and
+    values, as after a cached one."""
+    out: list[tuple[Context, int | None]] = []
+    kept: list[int] = []
+    for job, tokens in prompts:
+        prompt, leader = plan_completion(plan, job, tokens, rope_length_limit, cached), None
+        owners = [k for k in kept if (prompts[k][0].adapter, prompts[k][0].cache_salt) == (job.adapter, job.cache_salt)]
+        if cached is not None and not prompt.cached and owners:
+            shared, first = max((common_prefix_length([tokens, prompts[k][1]]), k) for k in owners)
+            after = plan_completion(plan, job, tokens, rope_length_limit, lambda *_: shared)
+            if after.cached:
+                prompt, leader = after, first
+        if prompt.keep:
+            kept.append(len(out))
+        out.append((prompt, leader))
+    return out

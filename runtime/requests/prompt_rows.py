@@ -1,10 +1,11 @@
 """Prompts read at every position (/v1/completions, lm-evaluation-harness's log-likelihoods): how the scorer
 (runtime.requests.scorer) dispatches their rows, and how a fetched row is put together.
 
-Each prompt is planned alone (runtime.requests.jobs.plan_completion): after the part of it a prompt kept in the prefix
-cache holds (`token_logprobs_after_context` on the rest, from the last shared token; the shared positions' outputs
-are the cache's), whole and kept (`token_logprobs_context`: its keys, values and per-position outputs in one pass), or
-whole (`token_logprobs`, rows of several requests in common device batches).
+Each prompt is planned in its round's order (runtime.requests.jobs.plan_prompts): after the part of it that a prompt
+kept in the prefix cache, or one kept earlier in the same round, holds (`token_logprobs_after_context` on the rest,
+from the last shared token; the shared positions' outputs are the kept prompt's), whole and kept
+(`token_logprobs_context`: its keys, values and per-position outputs in one pass), or whole (`token_logprobs`, rows of
+several requests in common device batches).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from runtime.interface import TokenLogprobs
-from runtime.requests.jobs import TokenJob, plan_completion
+from runtime.requests.jobs import TokenJob, plan_prompts
 from runtime.requests.launch import Entries, Launched, Run
 from runtime.requests.prefix_cache import Hit
 from runtime.shapes.buckets import fit
@@ -25,20 +26,29 @@ from runtime.shapes.programs import PROGRAMS
 def dispatch(scorer: Any, rows: list, jobs: Sequence[TokenJob], cached_tokens: list[int]) -> list[Launched]:
     """Launch the device batches of these prompt rows (runtime.requests.scorer.Row) on `scorer`; `cached_tokens`: per
     job, the tokens the cache held, added to."""
-    whole, after, out = [], {}, []
-    held = scorer.held_prompt()
-    for row in rows:
+    whole, kept, after, out = [], [], {}, []
+    followers: dict[int, dict[int, list]] = {}  # a kept row's index -> {tokens shared: the rows read after it}
+    prompts = [(jobs[row.job], row.tokens) for row in rows]
+    plans = plan_prompts(scorer.plan, prompts, scorer.rope_length_limit, scorer.held_prompt())
+    for i, (row, (prompt, leader)) in enumerate(zip(rows, plans)):
         job = jobs[row.job]
-        prompt = plan_completion(scorer.plan, job, row.tokens, scorer.rope_length_limit, held)
+        if leader is not None:
+            followers.setdefault(leader, {}).setdefault(prompt.length, []).append(row)
+            continue
         hit = scorer.prefix_cache.lookup(row.tokens, len(row.tokens), job.adapter, job.cache_salt, positions=True) \
             if prompt.cached else None
         if hit is not None and hit.length == prompt.length:  # else evicted since planned: computed again
             cached_tokens[row.job] += hit.length - 1
             after.setdefault((id(hit.kv[0]), hit.length), (hit, []))[1].append(row)
         elif prompt.keep:
-            out.append(_kept(scorer, row, jobs))
+            kept.append(i)
         else:
             whole.append(row)
+    for i in kept:  # one with followers from this thread, so that they find its keys, values and outputs
+        launched, hit = _kept(scorer, rows[i], jobs, now=i in followers)
+        out.append(launched)
+        for length, group in followers.get(i, {}).items():
+            out += _after(scorer, dataclasses.replace(hit, length=length), group, jobs)
     for hit, group in after.values():
         out += _after(scorer, hit, group, jobs)
     program = PROGRAMS["token_logprobs"].name
@@ -54,23 +64,27 @@ def dispatch(scorer: Any, rows: list, jobs: Sequence[TokenJob], cached_tokens: l
     return out
 
 
-def _kept(scorer: Any, row, jobs: Sequence[TokenJob]) -> Launched:
+def _kept(scorer: Any, row, jobs: Sequence[TokenJob], now: bool = False) -> tuple[Launched, Hit | None]:
     """One prompt read at every position in a context bucket, its keys, values and outputs kept in the prefix cache
-    for the prompts after it that share its leading tokens."""
+    for the prompts after it that share its leading tokens; `now`: launched from this thread, and returned as a hit
+    of its whole length (the round's prompts after it read it), else None."""
     job, length = jobs[row.job], len(row.tokens)
     bucket = fit(scorer.plan.contexts(), length)  # as a shared prefix's (a kept prompt fits one of the kept ones)
     tokens = np.zeros((1, bucket), np.int32)
     tokens[0, :length] = row.tokens
     arrays = (tokens, np.full((1,), length, np.int32), *_sampling([row], jobs, 1), np.full((1,), job.adapter, np.int32))
     cache = scorer.prefix_cache
+    held: list[Hit] = []
 
     def read_and_keep(run: Run) -> Entries:
         k, v, *outputs = run("token_logprobs_context", (bucket,), *arrays)
         cache.insert(row.tokens, length, (k, v), bucket, job.adapter, job.cache_salt, tuple(outputs[:3]))
+        held.append(Hit(length, (k, v), bucket, tuple(outputs[:3])))
         return [(tuple(outputs), [row])]
     scorer.device_batches += 1
     scorer.device_rows += 1
-    return scorer.launcher.launch(read_and_keep)
+    launched = scorer.launcher.launch(read_and_keep, now=now)
+    return launched, held[0] if now else None
 
 
 def _after(scorer: Any, hit: Hit, rows: list, jobs: Sequence[TokenJob]) -> list[Launched]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from runtime.interface import Sampling
-from runtime.requests.cost import plan_work
+from runtime.requests.cost import Work, plan_work
 from runtime.requests.jobs import Job, TokenJob
 from runtime.requests.prefix_cache import BLOCK, MIN_TOKENS, PrefixCache
 from runtime.requests.scorer import Scorer
@@ -71,6 +71,27 @@ def test_a_question_kept_once_gives_every_answer_the_bits_of_a_miss(scorers):
     assert dispatched.buckets == ["token_logprobs_after_context[320, 4, 16]"]
     # what a hit runs is compiled at start with the rest (no request compiles)
     assert ("token_logprobs_after_context", (320, 4, 16)) in {(p.name, b) for p, b in PLAN.programs()}
+
+
+def test_answers_to_one_question_in_one_request_compute_it_once(scorers):
+    """lm-evaluation-harness with batch_size above 1: a question's answers in one request, none cached. The first is
+    read whole and kept; the others read their rest after it in the same round (one device batch), with the bits of
+    a miss; nothing came from the cache. Another salt in the same round shares nothing."""
+    plain, cached = scorers
+    cached.prefix_cache.clear()
+    question = tokens(11, 275)
+    prompts = [question + tokens(20 + i, 4 + 2 * i) for i in range(4)]
+    job = TokenJob(prompts, [Sampling()] * 4)
+    priced = cached.cost([job])
+    dispatched = cached.dispatch([job, TokenJob(prompts[1:2], [Sampling()], cache_salt="tenant b")])
+    assert dispatched.cached_tokens == [0, 0]
+    ours, theirs = cached.collect(dispatched)
+    assert_same_bits(ours, plain.token_logprobs(prompts))
+    assert_same_bits(theirs, plain.token_logprobs(prompts[1:2]))
+    assert dispatched.buckets == ["token_logprobs_context[320]", "token_logprobs_after_context[320, 4, 16]",
+                                  "token_logprobs_context[320]"]
+    assert priced == Work(batches=2, completion=320 + 4 * 16)  # admission prices the round as it runs
+    assert read(cached, [prompts[2]])[1] == len(question) - 1  # the first answer's prompt was kept
 
 
 def test_the_same_prompt_again_and_one_that_parts_inside_a_block(scorers):
