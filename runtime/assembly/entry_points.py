@@ -18,6 +18,7 @@ BINDINGS: tuple[tuple[Program, Callable], ...] = (
     (PROGRAMS["hidden"], Transformer.hidden),
     (PROGRAMS["prefill_context"], Transformer.prefill_context),
     (PROGRAMS["hidden_after_context"], Transformer.hidden_after_context),
+    (PROGRAMS["extend_context"], Transformer.extend_context),
     (PROGRAMS["hidden_packed"], Transformer.hidden_packed),
     (PROGRAMS["hidden_packed_after_context"], Transformer.hidden_packed_after_context),
     (PROGRAMS["label_logprobs"], Transformer.label_logprobs),

@@ -209,6 +209,19 @@ class Transformer(EveryPosition, nnx.Module):
         _, (k, v) = self._run_layers(tokens, jnp.arange(C)[None], keep_kv=True, adapters=adapters)
         return k, v
 
+    def extend_context(self, ctx_k, ctx_v, ctx_len, tokens, adapters) -> tuple[jax.Array, jax.Array]:
+        """A cached context's keys and values (ctx_k, ctx_v [Layers, C, K, E], its first ctx_len positions) extended by
+        the tokens after them, tokens [1, S] right-padded at positions ctx_len.., attending them: the keys and values
+        of the longer prefix, [Layers, C, K, E] (positions past it hold padding's, which no reader attends; those past
+        C are dropped)."""
+        _, S = tokens.shape
+        _, (k, v) = self._run_layers(tokens, ctx_len + jnp.arange(S)[None], (ctx_k, ctx_v, ctx_len), keep_kv=True,
+                                     adapters=adapters)
+        at = jnp.arange(ctx_k.shape[1]) - ctx_len  # each context position's index into the new tokens
+        new = ((at >= 0) & (at < S))[None, :, None, None]
+        return tuple(jnp.where(new, jnp.take(own, jnp.clip(at, 0, S - 1), axis=1), old)
+                     for own, old in ((k, ctx_k), (v, ctx_v)))
+
     def hidden_after_context(self, ctx_k, ctx_v, ctx_len, tokens, last_index, targets, adapters):
         """Score continuations of a shared prefix: tokens [B, T] start at position ctx_len and attend to
         the first ctx_len context keys (ctx_k, ctx_v [Layers, C, K, E]) plus their own causal keys; targets and

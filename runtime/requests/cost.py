@@ -102,7 +102,9 @@ def plan_work(plan: BucketPlan, jobs: Sequence[Job | TokenJob], rope_length_limi
     def largest_continuation(length: int) -> int:
         return plan.layout.continuation_rows(plan.limits, length)
     for context, rests in contexts.values():
-        if not context.cached:
+        if context.extends:
+            work += Work(batches=1, context=fit(plan.rest_lengths(), context.length - context.extends))
+        elif not context.cached:
             work += Work(batches=1, context=fit(plan.contexts(), context.length))
         batches = plan.split_suffixes(sorted(rests, reverse=True))
         work += Work.shared("continuation", batches, largest_continuation) if marginal and context.cached \

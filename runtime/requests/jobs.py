@@ -118,10 +118,12 @@ def shared_prefix_length(plan: BucketPlan, job: Job, rope_length_limit: int | No
 @dataclasses.dataclass(frozen=True)
 class Context:
     """How a job's rows are scored: after a context of `length` leading tokens (0: in full), taken from the prefix
-    cache (`cached`) or computed (and then kept when `keep`)."""
+    cache (`cached`) or computed (and then kept when `keep`): whole, or past its first `extends` tokens, which the
+    cache holds (extend_context)."""
     length: int = 0
     cached: bool = False
     keep: bool = False
+    extends: int = 0
 
 
 def context_key(job: Job, context: Context) -> tuple:
@@ -134,8 +136,9 @@ def plan_context(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: int |
                  cached: Callable[[Job, int], int] | None = None) -> Context:
     """The cheapest way to score a job's rows (padded tokens plus a device batch's price): in full, after its shared
     prefix computed once, or, with a prefix cache (`cached(job, limit)`: how many of its first `limit` tokens it
-    holds), after its cached leading tokens. A job scored in full whose leading MIN_TOKENS or more (up to its first
-    read) could be cached computes them apart instead, so that the next request finds them."""
+    holds), after its cached leading tokens, or after its shared prefix computed past them (and kept). A job scored in
+    full whose leading MIN_TOKENS or more (up to its first read) could be cached computes them apart instead, so that
+    the next request finds them."""
     if isinstance(job, TokenJob):
         return Context()
     shared = shared_prefix_length(plan, job, rope_length_limit)
@@ -146,6 +149,10 @@ def plan_context(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: int |
     options = []  # the cheapest first, a hit first among equals (it computes no more)
     if hit and _can_cascade(plan, job, hit, rope_length_limit):
         options.append((_cascade_cost(plan, job, hit), Context(hit, cached=True)))
+    share = limit if len(job.sequences) > 1 else 0
+    if hit and _can_extend(plan, hit, share) and _can_cascade(plan, job, share, rope_length_limit):
+        options.append((fit(plan.rest_lengths(), share - hit) + plan.batch_overhead_tokens
+                        + _cascade_cost(plan, job, share), Context(share, keep=True, extends=hit)))
     options.append((_full_cost(plan, job), Context()))
     if shared:
         options.append((fit(plan.contexts(), shared) + plan.batch_overhead_tokens + _cascade_cost(plan, job, shared),
@@ -157,6 +164,14 @@ def plan_context(plan: BucketPlan, job: Job | TokenJob, rope_length_limit: int |
     if best.length == 0 and kept >= MIN_TOKENS and _can_cascade(plan, job, kept, rope_length_limit):
         return Context(kept, keep=True)
     return best
+
+
+def _can_extend(plan: BucketPlan, hit: int, length: int) -> bool:
+    """Whether a cached context of `hit` tokens can be extended to `length` in one extend_context bucket: it is one the
+    cache keeps extensions of (plan.kept_contexts), the tokens after it fit a rest length, and the longer prefix its
+    context bucket (the entry's is at least the one that fits `hit`)."""
+    return bool(plan.extensions() and plan.kept_prompts <= hit < length <= fit(plan.contexts(), hit)
+                and length - hit <= plan.rest_lengths()[-1])
 
 
 def plan_completion(plan: BucketPlan, job: TokenJob, tokens: Sequence[int], rope_length_limit: int | None,
@@ -172,8 +187,8 @@ def plan_completion(plan: BucketPlan, job: TokenJob, tokens: Sequence[int], rope
         return Context()
     held = cached(job, tokens)
     rest = len(tokens) - held + 1
-    if held >= 2 and rest <= plan.completion_suffixes()[-1] and \
-            fit(plan.completion_suffixes(), rest) < fit(plan.lengths, len(tokens)):
+    if held >= 2 and rest <= plan.rest_lengths()[-1] and \
+            fit(plan.rest_lengths(), rest) < fit(plan.lengths, len(tokens)):
         return Context(held, cached=True)
     if plan.kept_prompts <= len(tokens) <= contexts[-1]:
         return Context(len(tokens), keep=True)

@@ -169,12 +169,12 @@ class Scorer(RoundScorer):
                 full_rows += rows
         for context, rows in contexts.values():
             job = jobs[rows[0].job]
-            hit = self.prefix_cache.lookup(rows[0].tokens, context.length, job.adapter, job.cache_salt) \
-                if context.cached else None
-            if hit is not None and hit.length == context.length:  # else evicted since planned: computed again
+            reads = context.extends or (context.length if context.cached else 0)  # what it reads from the cache
+            hit = self.prefix_cache.lookup(rows[0].tokens, reads, job.adapter, job.cache_salt) if reads else None
+            if hit is not None and hit.length == reads:  # else evicted since planned: computed again
                 for row in rows:
                     cached_tokens[row.job] += hit.length
-                launched += self._dispatch_after_prefix(rows, jobs, hit.length, hit=hit)
+                launched += self._dispatch_after_prefix(rows, jobs, context.length, hit=hit, keep=context.keep)
             else:
                 launched += self._dispatch_after_prefix(rows, jobs, context.length, keep=context.keep or context.cached)
         launched += self._dispatch_full(full_rows, jobs)
@@ -233,21 +233,32 @@ class Scorer(RoundScorer):
     def _dispatch_after_prefix(self, rows: list[Row], jobs: Sequence[Job], shared: int, hit: Hit | None = None,
                                keep: bool = False) -> list[Launched]:
         """Rows after a context of their `shared` leading tokens: its keys and values from the prefix cache (`hit`:
-        the rows of every request that found it), or computed once from the first row (one request's: they are
-        its adapter's; kept in the cache when `keep`), then the rows' device batches attending them."""
+        the rows of every request that found it), computed past the `hit` the cache holds of it, or computed whole
+        from the first row (one request's: they are its adapter's); kept in the cache when `keep`. Then the rows'
+        device batches attending them."""
         job = jobs[rows[0].job]
         out: list[Launched] = []
-        if hit is not None:
+        adapter = np.full((1,), job.adapter, np.int32)
+        if hit is not None and hit.length == shared:
             context_kv, bucket = list(hit.kv), hit.context
         else:
-            bucket, context_kv = fit(self.plan.contexts(), shared), []
-            prefix = np.zeros((1, bucket), np.int32)
-            prefix[0, :shared] = rows[0].tokens[:shared]
+            context_kv = []
+            if hit is not None:  # extend_context: the tokens after the cached ones, in the entry's context bucket
+                bucket, length = hit.context, fit(self.plan.rest_lengths(), shared - hit.length)
+                rest = np.zeros((1, length), np.int32)
+                rest[0, : shared - hit.length] = rows[0].tokens[hit.length:shared]
+                computed = "extend_context", (bucket, length), (*hit.kv, np.int32(hit.length), rest)
+            else:
+                bucket = fit(self.plan.contexts(), shared)
+                prefix = np.zeros((1, bucket), np.int32)
+                prefix[0, :shared] = rows[0].tokens[:shared]
+                computed = "prefill_context", (bucket,), (prefix,)
             cache = self.prefix_cache if keep else None
             tokens = list(rows[0].tokens[:shared])
 
-            def prefill(run: Run) -> Entries:
-                context_kv.extend(run("prefill_context", (bucket,), prefix, np.full((1,), job.adapter, np.int32)))
+            def prefill(run: Run, computed=computed) -> Entries:
+                name, its_bucket, args = computed
+                context_kv.extend(run(name, its_bucket, *args, adapter))
                 if cache is not None:
                     cache.insert(tokens, shared, tuple(context_kv), bucket, job.adapter, job.cache_salt)
                 return []

@@ -159,29 +159,38 @@ class BucketPlan:
         return [(b, t) for t in self.lengths for b in self.completion_batches
                 if b <= self.batch_for(t, self.completion_batches)]
 
-    def kept_prompt_contexts(self) -> list[int]:
-        """The context buckets a prompt the prefix cache keeps fills (`kept_prompts` tokens or more); none without
-        the cache, completions or shared prefixes."""
+    def kept_contexts(self) -> list[int]:
+        """The context buckets that hold a prefix the prefix cache keeps from `kept_prompts` tokens on (a prompt read
+        at every position, or a context extended past its cached part); none without the cache or shared prefixes."""
         contexts = self.contexts()
-        if not (self.kept_prompts and self.completion_batches and contexts and self.kept_prompts <= contexts[-1]):
+        if not (self.kept_prompts and contexts and self.kept_prompts <= contexts[-1]):
             return []
         return [c for c in contexts if c >= fit(tuple(contexts), self.kept_prompts)]
 
-    def completion_suffixes(self) -> tuple[int, ...]:
-        """Length buckets of a prompt's rest read at every position after its cached part: the shortest length bucket
-        (an answer after its question) and the longest item after a shared prefix (a longer text after a prompt);
-        two, so that the cache adds few programs to compile."""
+    def kept_prompt_contexts(self) -> list[int]:
+        """The context buckets a prompt read at every position that the prefix cache keeps fills; none without
+        completions."""
+        return self.kept_contexts() if self.completion_batches else []
+
+    def rest_lengths(self) -> tuple[int, ...]:
+        """Length buckets of what is computed after a cached part, within one row (a prompt's rest read at every
+        position, a context's extension): the shortest length bucket (an answer after its question) and the longest
+        item after a shared prefix (a longer text after a prompt); two, so that the cache adds few programs."""
         fitting = [t for t in self.lengths if t <= self.max_suffix] or [self.lengths[0]]
         return tuple(sorted({fitting[0], fitting[-1]}))
 
+    def extensions(self) -> list[tuple[int, int]]:
+        """(context, length) buckets of a cached context extended by the tokens after it (extend_context)."""
+        return [(c, t) for c in self.kept_contexts() for t in self.rest_lengths()]
+
     def completions_after_context(self) -> list[tuple[int, int, int]]:
         """(context, batch, length) buckets of per-position log-probabilities after a cached prompt."""
-        return [(c, b, t) for c in self.kept_prompt_contexts() for t in self.completion_suffixes()
+        return [(c, b, t) for c in self.kept_prompt_contexts() for t in self.rest_lengths()
                 for b in self.completion_batches if b <= self.batch_for(t, self.completion_batches)]
 
     def split_completion_suffixes(self, lengths: list[int]) -> list[DeviceBatch]:
         """Prompts' rests after their cached parts (one context), as device batches of the grid."""
-        return chunks(lengths, self.completion_suffixes(), self.completion_batches, self.max_tokens,
+        return chunks(lengths, self.rest_lengths(), self.completion_batches, self.max_tokens,
                       self.batch_overhead_tokens)
 
     def heads(self) -> list[tuple[int, int]]:
@@ -213,6 +222,7 @@ class BucketPlan:
         programs = [(PROGRAMS["prefill_context"], (c,)) for c in self.contexts()]
         programs += [(layout.full_program, bucket) for bucket in self.full()]
         programs += [(layout.continuation_program, bucket) for bucket in self.continuations()]
+        programs += [(PROGRAMS["extend_context"], bucket) for bucket in self.extensions()]
         if task == "causal_lm":
             programs += [(PROGRAMS["label_logprobs"], bucket) for bucket in self.heads()]
             programs += [(PROGRAMS["token_logprobs"], bucket) for bucket in self.completions()]

@@ -137,6 +137,10 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
     Program("prefill_context", ("context",), "context", ("rep", "rep"), ("kv", "kv"),
             lambda s, m: (_tokens(1, s["context"]), _index(1)),
             lambda s: (1, s["context"], 0)),
+    # a cached prefix's keys and values extended by the tokens after it [1, length] (the prefix cache keeps both)
+    Program("extend_context", ("context", "length"), "context", ("kv", "kv", "rep", "rep", "rep"), ("kv", "kv"),
+            lambda s, m: (*_context(s, m), _tokens(1, s["length"]), _index(1)),
+            lambda s: (1, s["length"], s["context"])),
     # items after a shared prefix [batch, length], attending its keys and values
     Program("hidden_after_context", ("context", "batch", "length"), "continuation",
             ("kv", "kv", "rep", "batch", "batch", "batch", "batch"), ("batch", "batch"),

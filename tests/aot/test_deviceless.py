@@ -37,8 +37,9 @@ BUCKETS = {"length_buckets": [32, 64], "context_buckets": [32], "max_labels": 4}
 PROMPT_CACHE_BUCKETS = {**BUCKETS, "length_buckets": [32, 64, 256], "context_buckets": [32, 256]}
 # What the other families compile: the packed layer bodies (in full, after a context) and every position's top-k.
 FAMILY_METHODS = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "token_logprobs"}
-# The prefix cache's programs for prompts read at every position: one kept whole, the rest of one after it.
-PROMPT_CACHE = {"token_logprobs_context", "token_logprobs_after_context"}
+# The prefix cache's programs: a prompt read at every position kept whole, the rest of one after it; a cached context
+# extended by the tokens after it.
+PROMPT_CACHE = {"token_logprobs_context", "token_logprobs_after_context", "extend_context"}
 PACKED = {"prefill_context", "hidden_packed", "hidden_packed_after_context", "label_logprobs", "token_logprobs",
           *PROMPT_CACHE}
 GRID = {"hidden", "hidden_after_context"}

@@ -22,6 +22,8 @@ One module per workload, in the order they run:
                    W8 (lm-eval's multiple choice, read at every position: the prefix cache against none)
     batch_file     Batch (W1-256 lines through `scorefn batch` in process, against W1-256; the embedded model only)
     http_load      W3 (concurrent HTTP clients against one at a time, tracing on against off; the embedded model only)
+    lm_eval_mc     lm-evaluation-harness's multiple choice through local-completions against `scorefn serve`, the
+                   prefix cache against none (the embedded model, not --smoke; needs lm-eval, a test dependency)
     compile_times  --compile-times (warm-up cold and from the persistent cache, each in a fresh process: __main__)
 and what they share: measure (timed runs, the invariance cost, summaries, the matmul peak, FLOPs) and run (the
 model, the scorers and baselines, main(), the JSON summary, and --roofline, which needs no device).

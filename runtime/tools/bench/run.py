@@ -25,6 +25,7 @@ from runtime.tools.bench.compile_times import compile_times
 from runtime.tools.bench.experts import run_moe
 from runtime.tools.bench.fewshot import run_w7, run_w8
 from runtime.tools.bench.http_load import W3_ENV, run_w3
+from runtime.tools.bench.lm_eval_mc import run_lm_eval
 from runtime.tools.bench.logprobs import run_w4
 from runtime.tools.bench.measure import matmul_peak
 from runtime.tools.bench.rerank import run_w5
@@ -131,6 +132,8 @@ def main(args: argparse.Namespace) -> int:
     if not args.skip_http and not config:
         report["w3"] = run_w3(1.0 if smoke else 4.0 if quick else 15.0, 32,
                               {**W3_ENV, "SCOREFN_DTYPE": platform.dtype})
+    if not args.skip_http and not config and not smoke:  # real servers and lm-eval: minutes, not the suite's smoke
+        report["lm_eval"] = run_lm_eval(Path(model_dir), platform.dtype, quick)
     if args.compile_times:
         report["compile"] = compile_times(Path(model_dir))
 
@@ -189,6 +192,11 @@ def _summary(report: dict, baselines: dict) -> dict:
         summary[f"w7_vs_torch_{dt}_past_key_values"] = ratio(w7, f"torch_{dt}_prompt_cache")
     summary["w8_cache_vs_none"] = round(report["w8"]["cache_vs_none"], 3)
     summary["w8_same_bits"] = report["w8"]["same_bits"]
+    if report.get("lm_eval"):
+        summary["lm_eval_cache_vs_none"] = round(report["lm_eval"]["cache_vs_none"], 3)
+        summary["lm_eval_same_loglikelihoods"] = report["lm_eval"]["same_loglikelihoods"]
+        summary["lm_eval_same_accuracy"] = report["lm_eval"]["cache"]["accuracy"] == \
+            report["lm_eval"]["no_cache"]["accuracy"]
     moe = report["moe"]  # routed experts against all of them and against the dense model of their active parameters
     summary["moe_routed_vs_all"], summary["moe_routed_vs_dense_active"] = moe["routed_vs_all"], \
         moe["routed_vs_dense_active"]

@@ -107,6 +107,26 @@ def test_a_cached_query_gives_the_bits_of_a_miss_and_of_no_cache(tiny_case):
         assert np.array_equal(ours, plain.score(sequences, labels))
 
 
+@pytest.mark.parametrize("tiny_case", sorted(CASES), indirect=True)
+def test_a_context_extended_past_its_cached_part_has_the_bits_of_one_computed_whole(tiny_case):
+    """extend_context on every family (the prefix cache's extension of a cached context by the tokens after it): a
+    34-token context extended by 10 tokens holds, at its 44 positions, the keys and values prefill_context computes
+    for the 44 tokens at once (np.array_equal), so every score read after it has the bits of a miss."""
+    _, plain = tiny_case
+    query = shared_prefix_requests(6, query=44)[0][:44]
+    adapter = np.zeros((1,), np.int32)
+
+    def context(tokens: list[int]) -> tuple:
+        padded = np.zeros((1, 64), np.int32)
+        padded[0, : len(tokens)] = tokens
+        return plain.exe("prefill_context", (64,), padded, adapter)
+    rest = np.zeros((1, 64), np.int32)
+    rest[0, :10] = query[34:]
+    extended = plain.exe("extend_context", (64, 64), *context(query[:34]), np.int32(34), rest, adapter)
+    for ours, whole in zip(extended, context(query), strict=True):
+        assert np.array_equal(np.asarray(ours)[:, :44], np.asarray(whole)[:, :44])
+
+
 @pytest.mark.parametrize("case, plan", [(case, plan) for case in ("llama", "qwen2", "qwen3", "mistral_sliding_window")
                                         for plan in ("full", "shared")] + [("gemma2", "shared")])
 def test_accelerator_numerics_close_to_transformers(case, plan, tmp_path):

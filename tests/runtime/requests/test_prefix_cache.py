@@ -3,6 +3,7 @@ hit, a partial hit and a miss give the same bits (np.array_equal) as a scorer wi
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -114,6 +115,34 @@ def test_a_query_again_and_a_prompt_that_extends_it_inside_a_block(scorers):
     # evicted, then computed again: the same bits
     cached.prefix_cache.clear()
     assert np.array_equal(scored(cached, sequences)[0], first)
+
+
+# LONG with a context bucket that holds a kept prefix and more: a cached context is extended within it.
+EXTENDING = dataclasses.replace(LONG, context_lengths=(128, 320), kept_prompts=MIN_TOKENS)
+
+
+@pytest.mark.parametrize("instruction_length", [256, 260])  # the cached part ends at a block boundary, or inside one
+def test_a_query_past_a_cached_prompt_computes_its_rest_once_and_keeps_it(scorers, instruction_length):
+    """A recommender pages members' profiles after one instruction: another member's request kept the instruction,
+    so this member's query is computed past it (extend_context: the profile only) and kept, its items read the whole
+    query, and its next page reads all of it from the cache; the bits of a scorer without a cache."""
+    plain, _ = scorers
+    cached = Scorer(EXTENDING, plain.exe, 1, prefix_cache=PrefixCache(1 << 30))
+    instruction, (a, b) = tokens(30, instruction_length), (tokens(31, 20), tokens(32, 40))
+
+    def page(member: list[int], seed: int) -> list[list[int]]:
+        return [instruction + member + item for item in random_sequences(np.random.default_rng(seed), 6, 1, 8, VOCAB)]
+    scored(cached, page(a, 0))  # the instruction and member a computed whole, and kept
+    first = Job(page(b, 1), (0, 5, 127))
+    assert cached.cost([first]).context == 64  # the profile's rest length, not the whole query's context
+    dispatched = cached.dispatch([first])
+    assert dispatched.buckets[0] == "extend_context[320, 64]" and dispatched.cached_tokens == [instruction_length * 6]
+    assert np.array_equal(cached.collect(dispatched)[0], plain.score(page(b, 1), (0, 5, 127)))
+    dispatched = cached.dispatch([Job(page(b, 2), (0, 5, 127))])
+    assert dispatched.cached_tokens == [(instruction_length + 40) * 6]
+    assert {name.split("[")[0] for name in dispatched.buckets} == {"hidden_after_context", "label_logprobs"}
+    assert np.array_equal(cached.collect(dispatched)[0], plain.score(page(b, 2), (0, 5, 127)))
+    assert ("extend_context", (320, 64)) in {(p.name, bucket) for p, bucket in EXTENDING.programs()}
 
 
 def test_a_prompt_that_ends_inside_a_block_is_read_whole_once_a_request_kept_it_with_its_text(scorers):
