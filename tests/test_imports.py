@@ -26,6 +26,8 @@ INNER_IMPORTS = {
     ("runtime.model.decoder_layer", "_attend"): "Pallas (~0.2 s with Triton, ~0.2 s more with Mosaic) loads only "
                                                  "where a platform runs its kernels: never on a CPU start",
     ("runtime.tools.baselines", "random_checkpoint"): "PyTorch is a test-only dependency",
+    ("runtime.tools.bench.lm_eval_mc", "run_lm_eval"): "lm-eval is a test-only dependency (the benchmark skips it "
+                                                        "where it is missing)",
 }
 _OTEL = "OpenTelemetry loads only once tracing is on (runtime.tracing): nothing at all while it is off"
 INNER_IMPORTS.update(dict.fromkeys([("runtime.tracing", "configure"), ("runtime.tracing", "_exporters"),

@@ -238,26 +238,15 @@ class Scorer(RoundScorer):
         device batches attending them."""
         job = jobs[rows[0].job]
         out: list[Launched] = []
-        adapter = np.full((1,), job.adapter, np.int32)
+        adapter = np.full((1,), job.adapter, np.int32)  # the context is the first row's request's
         if hit is not None and hit.length == shared:
             context_kv, bucket = list(hit.kv), hit.context
         else:
-            context_kv = []
-            if hit is not None:  # extend_context: the tokens after the cached ones, in the entry's context bucket
-                bucket, length = hit.context, fit(self.plan.rest_lengths(), shared - hit.length)
-                rest = np.zeros((1, length), np.int32)
-                rest[0, : shared - hit.length] = rows[0].tokens[hit.length:shared]
-                computed = "extend_context", (bucket, length), (*hit.kv, np.int32(hit.length), rest)
-            else:
-                bucket = fit(self.plan.contexts(), shared)
-                prefix = np.zeros((1, bucket), np.int32)
-                prefix[0, :shared] = rows[0].tokens[:shared]
-                computed = "prefill_context", (bucket,), (prefix,)
+            context_kv, (name, its_bucket, args), bucket = [], *context_program(self.plan, rows[0].tokens, shared, hit)
             cache = self.prefix_cache if keep else None
             tokens = list(rows[0].tokens[:shared])
 
-            def prefill(run: Run, computed=computed) -> Entries:
-                name, its_bucket, args = computed
+            def prefill(run: Run) -> Entries:
                 context_kv.extend(run(name, its_bucket, *args, adapter))
                 if cache is not None:
                     cache.insert(tokens, shared, tuple(context_kv), bucket, job.adapter, job.cache_salt)
@@ -317,3 +306,18 @@ class Scorer(RoundScorer):
     def _dispatch_tokens(self, rows: list[Row], jobs: Sequence[Job | TokenJob], cached_tokens: list[int]
                          ) -> list[Launched]:
         return prompt_rows.dispatch(self, rows, jobs, cached_tokens)
+
+
+def context_program(plan: BucketPlan, tokens: Sequence[int], shared: int, hit: Hit | None) -> tuple[tuple, int]:
+    """How a context of tokens[:shared] is computed: (program, bucket, its arguments before the adapter) and the
+    context bucket its keys and values fill. extend_context past a `hit` the prefix cache holds of it (the tokens
+    after it, in the hit's context bucket), else prefill_context on all of them."""
+    if hit is not None:
+        bucket, length = hit.context, fit(plan.rest_lengths(), shared - hit.length)
+        rest = np.zeros((1, length), np.int32)
+        rest[0, : shared - hit.length] = tokens[hit.length:shared]
+        return ("extend_context", (bucket, length), (*hit.kv, np.int32(hit.length), rest)), bucket
+    bucket = fit(plan.contexts(), shared)
+    prefix = np.zeros((1, bucket), np.int32)
+    prefix[0, :shared] = tokens[:shared]
+    return ("prefill_context", (bucket,), (prefix,)), bucket
