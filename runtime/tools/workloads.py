@@ -36,6 +36,7 @@ W5_SIZE = (27, 64, 100, 100, 22)  # head tokens, query tokens, documents, docume
 W6_SIZE = (200, 100, 20, (2, 4, 6, 8))  # query tokens, items, item tokens, each label's tokens
 W7_SIZE = (1500, 30, 4, 100)  # prompt tokens, input tokens, cue tokens, requests
 W8_SIZE = (600, 4, 25)  # question tokens, answers per question, questions
+W9_SIZE = (1200, 100, 32, 6)  # instruction tokens, profile tokens, items of 10 tokens a page, members
 LORA_SIZE = (8, 16, 8)  # adapters, rank, requests W1-256 is split into
 BATCH_LINES = 16  # W1-256 requests in the batch file
 FIRST_ID = 100  # generated token IDs avoid the low IDs most vocabularies reserve for special tokens

@@ -20,6 +20,7 @@ One module per workload, in the order they run:
     choice         W6 (multiple choice: labels of several tokens as label rows)
     fewshot        W7 (a few-shot classifier: the prefix cache against none and transformers' past_key_values) and
                    W8 (lm-eval's multiple choice, read at every position: the prefix cache against none)
+    paging         W9 (members' profiles paged after a cached instruction: the cache's extensions against none)
     batch_file     Batch (W1-256 lines through `scorefn batch` in process, against W1-256; the embedded model only)
     http_load      W3 (concurrent HTTP clients against one at a time, tracing on against off; the embedded model only)
     lm_eval_mc     lm-evaluation-harness's multiple choice through local-completions against `scorefn serve`, the

@@ -8,10 +8,12 @@ package, the image) the workload says so and is skipped."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import statistics
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -47,10 +49,12 @@ def run_lm_eval(model_dir: Path, dtype: str, quick: bool) -> dict:
         for name, cache in sides.items():  # alternating, each run on a fresh server
             env = {"SCOREFN_PREFIX_CACHE_BYTES": cache, "SCOREFN_DTYPE": dtype, "SCOREFN_MAX_WAIT_S": "600"}
             with ServerProcess(env=env) as server:
+                with urllib.request.urlopen(f"{server.url}/v1/models") as models:  # the id it serves the model as
+                    model_id = json.load(models)["data"][0]["id"]
                 started = time.perf_counter()
                 result = lm_eval.simple_evaluate(
                     model="local-completions", tasks=[TASK], task_manager=tasks, log_samples=True, batch_size=1,
-                    model_args={"model": model_dir.name, "base_url": f"{server.url}/v1/completions",
+                    model_args={"model": model_id, "base_url": f"{server.url}/v1/completions",
                                 "tokenizer_backend": "huggingface", "tokenizer": str(model_dir),
                                 "tokenized_requests": True, "num_concurrent": 1, "max_retries": 1,
                                 "max_length": 2048})

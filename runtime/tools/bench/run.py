@@ -28,6 +28,7 @@ from runtime.tools.bench.http_load import W3_ENV, run_w3
 from runtime.tools.bench.lm_eval_mc import run_lm_eval
 from runtime.tools.bench.logprobs import run_w4
 from runtime.tools.bench.measure import matmul_peak
+from runtime.tools.bench.paging import run_w9
 from runtime.tools.bench.rerank import run_w5
 from runtime.tools.bench.scoring import run_w1, run_w2
 from runtime.tools.roofline import padding_report, roofline_report
@@ -126,6 +127,7 @@ def main(args: argparse.Namespace) -> int:
     report["w6"] = run_w6(scorer, baselines, vocab, smoke, quick, invariant_and_not)
     report["w7"] = run_w7(scorer, baselines, vocab, smoke, quick)
     report["w8"] = run_w8(scorer, vocab, smoke, quick)
+    report["w9"] = run_w9(scorer, vocab, smoke, quick)
     report["moe"] = run_moe(settings, smoke, quick)
     if not config:  # the embedded model (or SCOREFN_MODEL): what `scorefn batch` loads by itself
         report["batch"] = run_batch(vocab, report["w1"], smoke, platform.dtype)
@@ -192,6 +194,8 @@ def _summary(report: dict, baselines: dict) -> dict:
         summary[f"w7_vs_torch_{dt}_past_key_values"] = ratio(w7, f"torch_{dt}_prompt_cache")
     summary["w8_cache_vs_none"] = round(report["w8"]["cache_vs_none"], 3)
     summary["w8_same_bits"] = report["w8"]["same_bits"]
+    summary["w9_extended_vs_not"] = round(report["w9"]["extended_vs_not"], 3)
+    summary["w9_same_bits"] = report["w9"]["same_bits"]
     if report.get("lm_eval"):
         summary["lm_eval_cache_vs_none"] = round(report["lm_eval"]["cache_vs_none"], 3)
         summary["lm_eval_same_loglikelihoods"] = report["lm_eval"]["same_loglikelihoods"]

@@ -21,7 +21,7 @@ KEYS = {"w1_32_vs_torch_float32", "w2_vs_torch_float32", "w2_vs_torch_float32_pr
         "w4_vs_torch_float32", "w5_sharing_vs_not", "w5_vs_torch_float32_prefix_cache", "lora_w1_vs_base",
         "lora_w2_vs_base", "batch_vs_w1", "w3_traced_vs_off",
         "w6_vs_torch_float32", "w6_vs_torch_float32_prompt_cache", "w7_cache_vs_none", "w7_cache_vs_none_8_clients",
-        "w7_vs_torch_float32_past_key_values", "w7_cached_share", "w8_cache_vs_none", "moe_routed_vs_all",
+        "w7_vs_torch_float32_past_key_values", "w7_cached_share", "w8_cache_vs_none", "w9_extended_vs_not", "moe_routed_vs_all",
         "moe_routed_vs_dense_active"}
 
 
@@ -35,10 +35,12 @@ def test_bench_smoke_prints_the_summary_line(tiny_llama_dir):
     assert KEYS <= summary.keys()
     assert all(isinstance(summary[key], (int, float)) and summary[key] > 0 for key in KEYS), summary
     assert summary["w8_same_bits"] is True  # lm-eval's prompts with the prefix cache: a miss's bits
+    assert summary["w9_same_bits"] is True  # queries extended past a cached instruction: a miss's bits
     for line in ("W1  32 items", "W2 200x10x20", "W3 concurrent", "W3 traced", "W4 4x32", "LoRA 2 adapters of rank 4",
                  "W5 rerank 4 documents",
                  "W6 multiple choice 4 items x 2 labels", "W7 few-shot classifier (300-token prompt",
-                 "W8 multiple choice through per-position log-probabilities (2 questions of 300 tokens", "Batch file of 2 W1-32 lines in process",
+                 "W8 multiple choice through per-position log-probabilities (2 questions of 300 tokens",
+                 "W9 paged profiles (300-token instruction cached, 20-token profiles", "Batch file of 2 W1-32 lines in process",
                  "MoE W1-4 (8 experts, 2 routed)"):
         assert line in result.stdout, result.stdout
 
