@@ -11,19 +11,35 @@ several requests in common device batches).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from runtime.interface import TokenLogprobs
 from runtime.requests.jobs import TokenJob, plan_prompts
-from runtime.requests.launch import Entries, Launched, Run
-from runtime.requests.prefix_cache import Hit
-from runtime.shapes.buckets import fit
+from runtime.requests.launch import Entries, Launched, Launcher, Run
+from runtime.requests.prefix_cache import Hit, PrefixCache
+from runtime.shapes.buckets import BucketPlan, fit
+from runtime.shapes.layout import DeviceBatch
 from runtime.shapes.programs import PROGRAMS
 
 
-def dispatch(scorer: Any, rows: list, jobs: Sequence[TokenJob], cached_tokens: list[int]) -> list[Launched]:
+class RowScorer(Protocol):
+    """What the prompt rows need of the scorer (runtime.requests.scorer.Scorer): its plan, prefix cache and launcher,
+    the RoPE length limit, the cache's hits for prompts (held_prompt), and its device batch counts."""
+    plan: BucketPlan
+    prefix_cache: PrefixCache | None
+    launcher: Launcher
+    rope_length_limit: int | None
+    device_batches: int
+    device_rows: int
+
+    def held_prompt(self) -> Callable[[TokenJob, Sequence[int]], int] | None: ...
+
+    def count(self, batch: DeviceBatch) -> None: ...
+
+
+def dispatch(scorer: RowScorer, rows: list, jobs: Sequence[TokenJob], cached_tokens: list[int]) -> list[Launched]:
     """Launch the device batches of these prompt rows (runtime.requests.scorer.Row) on `scorer`; `cached_tokens`: per
     job, the tokens the cache held, added to."""
     whole, kept, after, out = [], [], {}, []
@@ -64,7 +80,7 @@ def dispatch(scorer: Any, rows: list, jobs: Sequence[TokenJob], cached_tokens: l
     return out
 
 
-def _kept(scorer: Any, row, jobs: Sequence[TokenJob], now: bool = False) -> tuple[Launched, Hit | None]:
+def _kept(scorer: RowScorer, row, jobs: Sequence[TokenJob], now: bool = False) -> tuple[Launched, Hit | None]:
     """One prompt read at every position in a context bucket, its keys, values and outputs kept in the prefix cache
     for the prompts after it that share its leading tokens; `now`: launched from this thread, and returned as a hit
     of its whole length (the round's prompts after it read it), else None."""
@@ -87,7 +103,7 @@ def _kept(scorer: Any, row, jobs: Sequence[TokenJob], now: bool = False) -> tupl
     return launched, held[0] if now else None
 
 
-def _after(scorer: Any, hit: Hit, rows: list, jobs: Sequence[TokenJob]) -> list[Launched]:
+def _after(scorer: RowScorer, hit: Hit, rows: list, jobs: Sequence[TokenJob]) -> list[Launched]:
     """Prompts whose first `hit.length` tokens a kept prompt holds: the last of those and the rest read after the
     cached keys and values, the positions before it from the cache's outputs."""
     start = hit.length - 1
