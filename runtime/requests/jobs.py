@@ -206,7 +206,7 @@ def plan_prompts(plan: BucketPlan, prompts: Sequence[tuple[TokenJob, Sequence[in
     for job, tokens in prompts:
         prompt, leader = plan_completion(plan, job, tokens, rope_length_limit, cached), None
         owners = [k for k in kept if (prompts[k][0].adapter, prompts[k][0].cache_salt) == (job.adapter, job.cache_salt)]
-        if cached is not None and not prompt.cached and owners:
+        if not prompt.cached and owners:  # (a prompt is kept only where there is a cache)
             shared, first = max((common_prefix_length([tokens, prompts[k][1]]), k) for k in owners)
             after = plan_completion(plan, job, tokens, rope_length_limit, lambda *_: shared)
             if after.cached:

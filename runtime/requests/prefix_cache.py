@@ -11,13 +11,13 @@ block boundaries, and its own length, is a key. A request reuses the longest cac
 where its rows are read: the longest key it shares with an entry, then on through the entry's own tokens as far as
 they agree (a few-shot prompt that ends inside a block, followed by each request's own text, is found whole once one
 request has kept it with its text). It scores the rest after it (the `hidden_after_context` programs, with the
-context's length the hit's), or computes its query past it once and keeps the longer prefix (`extend_context`, a new
-entry in a copy of the hit's context bucket): keys and values are causal, so an entry's first n positions are the keys and values of
-any prompt that shares those n tokens. With batch-invariant kernels (runtime.model.invariant: keys in fixed blocks at
-absolute positions) the cascade is one pass over the whole sequence bit for bit, so a hit, a partial hit and a miss
-give the same bits. Entries are evicted least recently used to stay within the byte budget
-(SCOREFN_PREFIX_CACHE_BYTES); a device batch that reads an evicted entry holds its arrays until it is done. Pure
-Python and NumPy (the arrays are the scorer's).
+context's length the hit's), or computes its query past it once and keeps the longer prefix (`extend_context`, a
+new entry in a copy of the hit's context bucket): keys and values are causal, so an entry's first n positions are
+the keys and values of any prompt that shares those n tokens. With batch-invariant kernels (runtime.model.invariant:
+keys in fixed blocks at absolute positions) the cascade is one pass over the whole sequence bit for bit, so a hit, a
+partial hit, an extended hit and a miss give the same bits. Entries are evicted least recently used to stay within
+the byte budget (SCOREFN_PREFIX_CACHE_BYTES); a device batch that reads an evicted entry holds its arrays until it is
+done. Pure Python and NumPy (the arrays are the scorer's).
 """
 
 from __future__ import annotations
