@@ -17,8 +17,8 @@ from tests.conftest import top_level_imports
 
 REPO = Path(__file__).resolve().parent.parent
 SERVED = ("handler", "runtime")
-# `scorefn bench` is a development tool: PyTorch (the test extra) for its baselines.
-DEV_ONLY = {"runtime/tools/baselines.py": {"torch"}}
+# `scorefn bench` is a development tool: PyTorch (the test extra) for its baselines, lm-eval for its run of lm-eval.
+DEV_ONLY = {"runtime/tools/baselines.py": {"torch"}, "runtime/tools/bench/lm_eval_mc.py": {"lm_eval"}}
 
 
 def _normalized(name: str) -> str:

@@ -16,7 +16,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import yaml
 
 from runtime.tools.serverproc import ServerProcess
 
@@ -40,7 +39,7 @@ def run_lm_eval(model_dir: Path, dtype: str, quick: bool) -> dict:
             "test_split": "test", "output_type": "multiple_choice", "description": INSTRUCTION,
             "doc_to_text": "{{question}}", "doc_to_choice": "{{choices}}", "doc_to_target": "{{answer}}",
             "metric_list": [{"metric": "acc"}]}
-    (folder / f"{TASK}.yaml").write_text(yaml.safe_dump(task))
+    (folder / f"{TASK}.yaml").write_text(json.dumps(task))  # YAML reads JSON
     os.environ.update(HF_DATASETS_CACHE=str(folder / "datasets"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     tasks = TaskManager(include_path=str(folder))
     sides = {"cache": "auto", "no_cache": "0"}
