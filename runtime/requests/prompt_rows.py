@@ -20,23 +20,20 @@ from runtime.requests.jobs import TokenJob, plan_prompts
 from runtime.requests.launch import Entries, Launched, Launcher, Run
 from runtime.requests.prefix_cache import Hit, PrefixCache
 from runtime.shapes.buckets import BucketPlan, fit
-from runtime.shapes.layout import DeviceBatch
 from runtime.shapes.programs import PROGRAMS
 
 
 class RowScorer(Protocol):
     """What the prompt rows need of the scorer (runtime.requests.scorer.Scorer): its plan, prefix cache and launcher,
-    the RoPE length limit, the cache's hits for prompts (held_prompt), and its device batch counts."""
+    the RoPE length limit, the cache's hits for prompts (held_prompt), and its count of device batches run."""
     plan: BucketPlan
     prefix_cache: PrefixCache | None
     launcher: Launcher
     rope_length_limit: int | None
-    device_batches: int
-    device_rows: int
 
     def held_prompt(self) -> Callable[[TokenJob, Sequence[int]], int] | None: ...
 
-    def count(self, batch: DeviceBatch) -> None: ...
+    def count(self, rows: int) -> None: ...
 
 
 def dispatch(scorer: RowScorer, rows: list, jobs: Sequence[TokenJob], cached_tokens: list[int]) -> list[Launched]:
@@ -76,7 +73,7 @@ def dispatch(scorer: RowScorer, rows: list, jobs: Sequence[TokenJob], cached_tok
         arrays = (tokens, last + 1, *_sampling(members, jobs, batch.head_batch), adapter)
         out.append(scorer.launcher.launch(lambda run, batch=batch, arrays=arrays, members=members:
                                           [(run(program, batch.bucket, *arrays), members)]))
-        scorer.count(batch)
+        scorer.count(len(batch.members))
     return out
 
 
@@ -97,8 +94,7 @@ def _kept(scorer: RowScorer, row, jobs: Sequence[TokenJob], now: bool = False) -
         cache.insert(row.tokens, length, (k, v), bucket, job.adapter, job.cache_salt, tuple(outputs[:3]))
         held.append(Hit(length, (k, v), bucket, tuple(outputs[:3])))
         return [(tuple(outputs), [row])]
-    scorer.device_batches += 1
-    scorer.device_rows += 1
+    scorer.count(1)
     launched = scorer.launcher.launch(read_and_keep, now=now)
     return launched, held[0] if now else None
 
@@ -119,7 +115,7 @@ def _after(scorer: RowScorer, hit: Hit, rows: list, jobs: Sequence[TokenJob]) ->
             outputs = run(program, (hit.context, *batch.bucket), *hit.kv, np.int32(start), *arrays)
             return [((*outputs, *hit.positions), members)]
         out.append(scorer.launcher.launch(read, after=hit.kv))
-        scorer.count(batch)
+        scorer.count(len(batch.members))
     return out
 
 

@@ -227,7 +227,7 @@ class Scorer(RoundScorer):
             def forward_and_heads(run: Run, batch=batch, arrays=arrays) -> Entries:
                 return self._read(run, *run(program, batch.bucket, *arrays), batch, rows, jobs)
             out.append(self.launcher.launch(forward_and_heads))
-            self.count(batch)
+            self.count(len(batch.members))
         return out
 
     def _dispatch_after_prefix(self, rows: list[Row], jobs: Sequence[Job], shared: int, hit: Hit | None = None,
@@ -262,13 +262,13 @@ class Scorer(RoundScorer):
                 return self._read(run, *outputs, batch, rows, jobs)
             out.append(self.launcher.launch(forward_and_heads, after=context_kv))
             self.prefix_batches += 1
-            self.count(batch)
+            self.count(len(batch.members))
         return out
 
-    def count(self, batch: DeviceBatch) -> None:
-        """A device batch run (for /metrics: mean rows per device batch)."""
+    def count(self, rows: int) -> None:
+        """A device batch of `rows` rows run (for /metrics: mean rows per device batch)."""
         self.device_batches += 1
-        self.device_rows += len(batch.members)
+        self.device_rows += rows
 
     def _read(self, run: Run, hidden, tails, batch: DeviceBatch, rows: list[Row], jobs: Sequence[Job]) -> Entries:
         """The heads on a device batch's pooled rows: label log-probabilities, a classification model's logits, or
