@@ -42,7 +42,7 @@ import gevent
 import gevent.pool
 from locust import FastHttpUser, constant, task
 
-from loadtests.overload import BOUNDED, fair_sends
+from loadtests.overload import BOUNDED, LARGE, fair_sends
 
 PLAN: dict[str, Any] = json.loads(os.environ.get("OPENLOOP_PLAN", "{}"))
 RECORDS_PATH = os.environ.get("OPENLOOP_RECORDS", "")
@@ -157,13 +157,34 @@ class OpenLoop(FastHttpUser):
 
     def bulk_client(self) -> None:
         """One client sending large requests back to back; a refused one is sent again after its Retry-After."""
-        body = bulk_body(self.rng, PLAN["bulk_items"])
+        body = bulk_body(self.rng, self.bulk_items)
         while not self.done:
-            record = self.send("bulk", "/v1/score", body, PLAN["bulk_items"])
+            record = self.send("bulk", "/v1/score", body, self.bulk_items)
             if record["status"] == 429 and not self.done:
                 gevent.sleep(record.get("retry_after") or 1)
             else:
-                body = bulk_body(self.rng, PLAN["bulk_items"])
+                body = bulk_body(self.rng, self.bulk_items)
+
+    def size_bulk(self) -> list[tuple[int, float]]:
+        """Size the bulk client's requests so that admission judges them large on this host: from PLAN's bulk_items,
+        doubled until a request's own device time (x-predicted-device-time) is at least LARGE x the server's
+        SCOREFN_MAX_WAIT_S, at most bulk_max_items. A request of at most half of it is a small one, promised an answer
+        within SCOREFN_MAX_WAIT_S and counted in the small requests' load: a fixed item count is large on one host
+        and small on a faster one, or on the same host from one run to the next (256 items: 0.9-1.03 s of own work
+        against a 1 s bound on an Intel Xeon with AMX), and the recovery after the overload was then judged beside a
+        client that kept the small requests' load over 1. Each size is sent once to the idle server, before the
+        baseline; returns (items, own device seconds) of each."""
+        max_wait = self.metric("scorefn_engine_max_wait_seconds")
+        sizes = []
+        while True:
+            record = self.send("bulk", "/v1/score", bulk_body(self.rng, self.bulk_items), self.bulk_items)
+            if record["status"] == 429:
+                gevent.sleep(record.get("retry_after") or 1)
+                continue
+            sizes.append((self.bulk_items, record.get("predicted_device", math.nan)))
+            if not sizes[-1][1] < LARGE * max_wait or self.bulk_items >= PLAN["bulk_max_items"]:
+                return sizes
+            self.bulk_items = min(2 * self.bulk_items, PLAN["bulk_max_items"])
 
     def arrivals(self, rate: float, enough: Callable[[float], bool], group: gevent.pool.Group) -> None:
         """Poisson arrivals at `rate` per second, each request on its own greenlet, until `enough(seconds since the
@@ -246,7 +267,10 @@ class OpenLoop(FastHttpUser):
         rate = max(rates["server"], 0.1)
         bounds = {"calibrate": [0.0, round(time.monotonic() - self.t0, 3)]}
         self.drain(PLAN.get("drain_s", 120))
-        bulk = gevent.spawn(self.bulk_client) if PLAN.get("bulk_items") else None
+        self.bulk_items, self.phase = PLAN.get("bulk_items", 0), "sizing"
+        bulk_sizes = self.size_bulk() if self.bulk_items else []
+        self.records = [r for r in self.records if r["phase"] != "sizing"]  # an idle server's: no phase's
+        bulk = gevent.spawn(self.bulk_client) if self.bulk_items else None
         need, backlog, settled = PLAN["samples"], [], [None]
         fair = fair_sends(PLAN["multiple"])
 
@@ -300,7 +324,7 @@ class OpenLoop(FastHttpUser):
         if RECORDS_PATH:
             with open(RECORDS_PATH, "w") as out:
                 json.dump({"rate": rate, "rates": rates, "phases": bounds, "calm_backlog_s": calm,
-                           "fair_sends": fair, "plan": PLAN, "records": self.records}, out)
+                           "bulk_sizes": bulk_sizes, "fair_sends": fair, "plan": PLAN, "records": self.records}, out)
         gevent.spawn(self.environment.runner.quit)
         gevent.sleep(math.inf)  # the runner stops this user
 

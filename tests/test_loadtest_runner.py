@@ -48,18 +48,23 @@ def test_a_soak_fails_on_steady_rss_growth(tmp_path: Path) -> None:
     assert report(dict(SUMMARY), args, LEAKING) == ["server RSS grows 6.00 MB/min over the second half (bound 1.0)"]
 
 
-def open_loop_records(overload_latencies: list[float]) -> dict:
-    """An open-loop run's records: 20 quick answers in each light phase, the given ones under 4x (plus refusals)."""
-    def record(phase: str, sent: float, latency: float, status: int = 200) -> dict:
+def open_loop_records(overload_latencies: list[float], recovery_refused: int = 0,
+                      recovery_price: float = 0.05) -> dict:
+    """An open-loop run's records: 20 quick answers in the calibration and each light phase (each priced
+    0.05 s of device time by admission, the recovery's `recovery_price`), the given ones under 4x (plus refusals),
+    and `recovery_refused` refusals after the backlog drained."""
+    def record(phase: str, sent: float, latency: float, status: int = 200, price: float = 0.05) -> dict:
         return {"phase": phase, "scenario": "score 1 item", "sent": sent, "latency": latency, "status": status,
-                "queue": 0.1, "device": 0.2, "predicted_queue": 0.1, "predicted_device": 0.05}
-    records = [record("baseline", i * 0.5, 0.3) for i in range(20)]
+                "queue": 0.1, "device": 0.2, "predicted_queue": 0.1, "predicted_device": price}
+    records = [record("calibrate", -10 + i * 0.5, 0.3) for i in range(20)]
+    records += [record("baseline", i * 0.5, 0.3) for i in range(20)]
     records += [record("overload", 10 + i * 0.1, latency) for i, latency in enumerate(overload_latencies)]
     records += [record("overload", 10 + i * 0.1, 0.0, 429) for i in range(40)]
-    records += [record("recovery", 40 + i * 0.5, 0.3) for i in range(20)]
+    records += [record("recovery", 40 + i * 0.5, 0.3, price=recovery_price) for i in range(20)]
+    records += [record("recovery", 40.2 + i * 0.5, 0.0, 429, recovery_price) for i in range(recovery_refused)]
     return {"records": records, "rate": 2.0, "plan": {"multiple": 4.0, "baseline": 0.7, "recovery": 0.5},
             "phases": {"baseline": (0.0, 10.0), "overload": (10.0, 30.0), "overloaded": (10.0, 30.0),
-                       "recovery": (30.0, 50.0)}}
+                       "recovery": (30.0, 50.0), "settled": (40.0, 50.0)}}
 
 
 def test_the_open_loop_verdict_judges_the_bounded_p99_by_its_counts() -> None:
@@ -71,3 +76,16 @@ def test_the_open_loop_verdict_judges_the_bounded_p99_by_its_counts() -> None:
         assert summary["latency_bound_s"] == 2.3 and summary["phases"]["overload"]["bounded"]["over_bound"] == slow
         problems = open_loop_verdict(summary, data["records"], samples=20)
         assert any("took over SCOREFN_MAX_WAIT_S" in p for p in problems) == failed, problems
+
+
+def test_refusals_after_the_drop_are_judged_where_the_recovery_is_light_at_the_device_s_speed_in_it() -> None:
+    """Refusals after the backlog drained, more than 10% beyond doubt (12 of 32), fail a run at 0.5x the capacity;
+    with the device 3x slower in the phase than in the calibration (admission's price of a one-item score), 0.5x is
+    1.5x what it computes there, and refusing is its right."""
+    for refused, price, failed in ((0, 0.05, False), (12, 0.05, True), (12, 0.15, False)):
+        data = open_loop_records([0.5] * 80, recovery_refused=refused, recovery_price=price)
+        summary = summarize(data, max_wait_s=2.0, round_budget_s=0.3)
+        assert summary["recovered"]["statuses"].get("429", 0) == refused
+        assert summary["phases"]["recovery"]["multiple_in_phase"] == pytest.approx(0.5 * price / 0.05)
+        problems = open_loop_verdict(summary, data["records"], samples=20)
+        assert any("after the backlog had drained, were refused" in p for p in problems) == failed, problems
