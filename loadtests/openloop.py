@@ -175,16 +175,17 @@ class OpenLoop(FastHttpUser):
         client that kept the small requests' load over 1. Each size is sent once to the idle server, before the
         baseline; returns (items, own device seconds) of each."""
         max_wait = self.metric("scorefn_engine_max_wait_seconds")
-        sizes = []
-        while True:
+        sizes: list[tuple[int, float]] = []
+        for _ in range(16):  # an idle server admits any request within the limits: refusals are a few at most
             record = self.send("bulk", "/v1/score", bulk_body(self.rng, self.bulk_items), self.bulk_items)
             if record["status"] == 429:
                 gevent.sleep(record.get("retry_after") or 1)
                 continue
             sizes.append((self.bulk_items, record.get("predicted_device", math.nan)))
             if not sizes[-1][1] < LARGE * max_wait or self.bulk_items >= PLAN["bulk_max_items"]:
-                return sizes
+                break
             self.bulk_items = min(2 * self.bulk_items, PLAN["bulk_max_items"])
+        return sizes
 
     def arrivals(self, rate: float, enough: Callable[[float], bool], group: gevent.pool.Group) -> None:
         """Poisson arrivals at `rate` per second, each request on its own greenlet, until `enough(seconds since the

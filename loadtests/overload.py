@@ -358,9 +358,9 @@ def print_summary(summary: dict[str, Any]) -> None:
               f"{r['p99_s']:.3f} s  statuses {r['statuses']}; one-item and completions: {r['bounded']['answered']} "
               f"answered, {r['bounded'].get('over_normal', 0)} over normal")
     if summary["bulk_sizes"]:
-        print("bulk requests sized on the idle server (items: own device s): " + ", ".join(
-            f"{items}: {own:.2f}" for items, own in summary["bulk_sizes"])
-              + f" (large: from {LARGE * summary['max_wait_s']:g} s)")
+        sizes = ", ".join(f"{items}: {own:.2f}" for items, own in summary["bulk_sizes"])
+        print(f"bulk requests sized on the idle server (items: own device s): {sizes} (large: from "
+              f"{LARGE * summary['max_wait_s']:g} s)")
     f = summary["fairness"]
     beside, alone = f["one_item_beside_bulk"], f["one_item_alone"]
     print(f"fairness: one-item p50/p99 {beside['p50_s']:.3f}/{beside['p99_s']:.3f} s beside a bulk request "
