@@ -45,6 +45,15 @@ def test_unknown_architecture_is_named():
         config_from_hf({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
 
 
+@pytest.mark.parametrize("arch, why", [("Gemma4ForCausalLM", "another head dimension"),
+                                       ("Gemma4ForConditionalGeneration", "per-layer input embeddings"),
+                                       ("Qwen3_5ForCausalLM", "gated delta-net"),
+                                       ("Qwen3_5MoeForCausalLM", "recurrent state")])
+def test_a_family_not_computed_yet_says_what_stands_in_the_way(arch, why):
+    with pytest.raises(ModelConfigError, match=f"{arch} is not supported yet: .*{why}"):
+        config_from_hf({"architectures": [arch], "model_type": "any"})
+
+
 def test_unsupported_rope_type_is_named(checkpoint):
     raw = json.loads((checkpoint / "config.json").read_text())
     raw["rope_parameters"] = {"rope_type": "proportional", "factor": 4.0, "rope_theta": 10000.0}
