@@ -16,7 +16,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-
 from runtime.tools.serverproc import ServerProcess
 
 QUESTIONS = Path(__file__).resolve().parents[3] / "tests" / "e2e" / "lm_eval_tasks" / "multiple_choice.jsonl"
